@@ -30,3 +30,8 @@ pub use sdk::{
 /// Re-exported so that [`export_plugins!`] expands without the library naming abi_stable.
 #[doc(hidden)]
 pub use abi_stable as __abi_stable;
+
+/// The FFI-safe containers that appear in the boundary types.
+pub mod ffi {
+    pub use abi_stable::std_types::{RResult, RSlice, RSliceMut, RStr, RString, RVec};
+}

@@ -1,0 +1,297 @@
+//! The TOML pipeline configuration: its model, loading, and the first checks that need no
+//! plugin (unknown keys, duplicate names, dangling references).
+//!
+//! Keys that belong to switchyard are snake_case; plugin `parameters` keep the reference
+//! implementation's camelCase names so configs carry over. Paths are relative to the file.
+
+mod error;
+pub mod locate;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use switchyard_plugin_api::EndpointMetrics;
+
+pub use error::ConfigError;
+use locate::{line_of, Step};
+
+/// The configuration file used when none is named.
+pub const DEFAULT_CONFIG: &str = "configs/default.toml";
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Load plugin types of stability alpha.
+    #[serde(default)]
+    pub allow_experimental_plugins: bool,
+    /// Plugin libraries: a bare name (`burst_prefix_cache_producer`) is looked up as
+    /// `lib<name>.so` in the plugin directories; anything with a `/` or a file extension is a
+    /// path relative to this file.
+    #[serde(default)]
+    pub libraries: Vec<String>,
+    /// Extra directories to search for libraries named by bare name, relative to this file.
+    #[serde(default)]
+    pub plugin_dirs: Vec<String>,
+    #[serde(default)]
+    pub endpoints: Vec<EndpointConfig>,
+    #[serde(default)]
+    pub plugins: Vec<PluginConfig>,
+    #[serde(default)]
+    pub profiles: Vec<ProfileConfig>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointConfig {
+    pub name: String,
+    #[serde(default)]
+    pub namespace: String,
+    /// `host:port` of the model server.
+    pub address: String,
+    /// The endpoint's role label (e.g. `decode`), empty when none.
+    #[serde(default)]
+    pub role: String,
+    /// Load facts for offline use (replay, check); live drivers scrape them.
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+}
+
+impl EndpointConfig {
+    /// The endpoint's identity, `namespace/name`.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    pub running_requests: u32,
+    pub waiting_requests: u32,
+    pub kv_cache_usage: f64,
+    pub cache_block_size: u32,
+    pub cache_num_blocks: u64,
+}
+
+impl From<MetricsConfig> for EndpointMetrics {
+    fn from(m: MetricsConfig) -> Self {
+        EndpointMetrics {
+            running_requests: m.running_requests,
+            waiting_requests: m.waiting_requests,
+            kv_cache_usage: m.kv_cache_usage,
+            cache_block_size: m.cache_block_size,
+            cache_num_blocks: m.cache_num_blocks,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PluginConfig {
+    #[serde(rename = "type")]
+    pub type_name: String,
+    /// Instance name; defaults to the type.
+    #[serde(default)]
+    pub name: String,
+    /// Handed to the plugin as JSON; the plugin decodes it strictly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<toml::Table>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileConfig {
+    pub name: String,
+    /// Filter instance names, run in this order.
+    #[serde(default)]
+    pub filters: Vec<String>,
+    #[serde(default)]
+    pub scorers: Vec<WeightedScorer>,
+    /// The picker instance; `max-score-picker` when omitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub picker: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct WeightedScorer {
+    pub plugin: String,
+    #[serde(default = "default_weight")]
+    pub weight: f64,
+}
+
+fn default_weight() -> f64 {
+    1.0
+}
+
+/// A parsed config file, with its text kept for locating errors.
+#[derive(Debug, Clone)]
+pub struct LoadedConfig {
+    pub path: PathBuf,
+    pub source: String,
+    pub config: Config,
+}
+
+impl LoadedConfig {
+    pub fn read(path: &Path) -> Result<LoadedConfig, ConfigError> {
+        let source = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(path, format!("cannot read the config file: {e}")))?;
+        Self::parse(path, source)
+    }
+
+    pub fn parse(path: &Path, source: String) -> Result<LoadedConfig, ConfigError> {
+        let config: Config = toml::from_str(&source).map_err(|e| {
+            let line = e.span().map(|s| locate::line_at(&source, s.start));
+            ConfigError::new(path, e.message().trim().to_string()).at_line(line)
+        })?;
+        let mut loaded = LoadedConfig {
+            path: path.to_path_buf(),
+            source,
+            config,
+        };
+        loaded.apply_defaults();
+        loaded.check_names()?;
+        Ok(loaded)
+    }
+
+    /// The directory relative paths are resolved against.
+    pub fn base_dir(&self) -> PathBuf {
+        self.path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."))
+    }
+
+    /// The line of `plugins[index]`, or of one of its parameters.
+    pub fn plugin_line(&self, index: usize, parameter: Option<&str>) -> Option<usize> {
+        let mut path = vec![Step::Key("plugins"), Step::Index(index)];
+        if let Some(parameter) = parameter.filter(|p| !p.is_empty()) {
+            path.push(Step::Key("parameters"));
+            // A dotted path names a nested parameter.
+            path.extend(parameter.split('.').map(Step::Key));
+        }
+        line_of(&self.source, &path)
+    }
+
+    pub fn profile_line(&self, index: usize, key: Option<&str>) -> Option<usize> {
+        let mut path = vec![Step::Key("profiles"), Step::Index(index)];
+        if let Some(key) = key {
+            path.push(Step::Key(key));
+        }
+        line_of(&self.source, &path)
+    }
+
+    pub fn key_line(&self, key: &str) -> Option<usize> {
+        line_of(&self.source, &[Step::Key(key)])
+    }
+
+    fn apply_defaults(&mut self) {
+        for plugin in &mut self.config.plugins {
+            if plugin.name.is_empty() {
+                plugin.name = plugin.type_name.clone();
+            }
+        }
+    }
+
+    fn check_names(&self) -> Result<(), ConfigError> {
+        let mut seen = HashSet::new();
+        for (index, plugin) in self.config.plugins.iter().enumerate() {
+            if plugin.type_name.trim().is_empty() {
+                return Err(
+                    ConfigError::new(&self.path, "a plugin needs a non-empty `type`")
+                        .at_line(self.plugin_line(index, None)),
+                );
+            }
+            if !seen.insert(plugin.name.as_str()) {
+                return Err(ConfigError::new(
+                    &self.path,
+                    format!(
+                        "duplicate plugin name '{}': every [[plugins]] entry needs its own \
+                         `name` (it defaults to the type)",
+                        plugin.name
+                    ),
+                )
+                .at_line(self.plugin_line(index, None)));
+            }
+        }
+        let mut endpoints = HashSet::new();
+        for (index, endpoint) in self.config.endpoints.iter().enumerate() {
+            if !endpoints.insert(endpoint.id()) {
+                return Err(ConfigError::new(
+                    &self.path,
+                    format!("duplicate endpoint '{}'", endpoint.id()),
+                )
+                .at_line(line_of(
+                    &self.source,
+                    &[Step::Key("endpoints"), Step::Index(index)],
+                )));
+            }
+        }
+        let mut profiles = HashSet::new();
+        for (index, profile) in self.config.profiles.iter().enumerate() {
+            if !profiles.insert(profile.name.as_str()) {
+                return Err(ConfigError::new(
+                    &self.path,
+                    format!("duplicate profile name '{}'", profile.name),
+                )
+                .at_line(self.profile_line(index, Some("name"))));
+            }
+        }
+        if self.config.profiles.len() > 1 {
+            return Err(ConfigError::new(
+                &self.path,
+                format!(
+                    "{} [[profiles]] given; switchyard runs exactly one scheduling profile per \
+                     pipeline: merge them or run one config per profile",
+                    self.config.profiles.len()
+                ),
+            )
+            .at_line(self.profile_line(1, None)));
+        }
+        Ok(())
+    }
+
+    /// Resolves a library entry to the file to load.
+    pub fn library_candidates(&self, entry: &str, extra_dirs: &[PathBuf]) -> Vec<PathBuf> {
+        let base = self.base_dir();
+        let looks_like_path = entry.contains('/') || Path::new(entry).extension().is_some();
+        if looks_like_path {
+            return vec![base.join(entry)];
+        }
+        let file = library_file_name(entry);
+        let mut dirs: Vec<PathBuf> = extra_dirs.to_vec();
+        dirs.extend(self.config.plugin_dirs.iter().map(|d| base.join(d)));
+        if let Some(exe_dir) = std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(Path::to_path_buf))
+        {
+            dirs.push(exe_dir.clone());
+            // Test and bench binaries live one level below the profile directory.
+            if exe_dir.ends_with("deps") {
+                if let Some(parent) = exe_dir.parent() {
+                    dirs.push(parent.to_path_buf());
+                }
+            }
+        }
+        dirs.into_iter().map(|d| d.join(&file)).collect()
+    }
+}
+
+/// `lib<name>.so`, `lib<name>.dylib` or `<name>.dll`.
+pub fn library_file_name(name: &str) -> String {
+    format!(
+        "{}{}{}",
+        std::env::consts::DLL_PREFIX,
+        name,
+        std::env::consts::DLL_SUFFIX
+    )
+}
+
+/// Converts plugin parameters to the JSON the plugin decodes.
+pub fn parameters_json(parameters: &Option<toml::Table>) -> String {
+    match parameters {
+        None => "null".to_string(),
+        Some(table) => serde_json::to_string(table).unwrap_or_else(|_| "null".to_string()),
+    }
+}

@@ -1,0 +1,105 @@
+//! The effective configuration `switchyard check` prints: every plugin with its parameters
+//! (documented defaults filled in), the producers created automatically, the producer order
+//! and the resolved profile.
+
+use std::fmt::Write;
+
+use crate::config::LoadedConfig;
+use crate::pipeline::Pipeline;
+use crate::plugins::Registry;
+
+pub fn render(config: &LoadedConfig, registry: &Registry, pipeline: &Pipeline) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# effective configuration of {}",
+        config.path.display()
+    );
+    let _ = writeln!(
+        out,
+        "allow_experimental_plugins = {}",
+        config.config.allow_experimental_plugins
+    );
+    for plugin in &pipeline.plugins {
+        let _ = writeln!(out, "\n[[plugins]]");
+        let _ = writeln!(out, "type = {}", toml_string(&plugin.type_name));
+        let _ = writeln!(out, "name = {}", toml_string(&plugin.name));
+        let _ = writeln!(
+            out,
+            "# kind {}, stability {}, source {}{}",
+            plugin.kind,
+            plugin.stability,
+            plugin.source,
+            if plugin.auto_created {
+                ", created automatically (its data is required)"
+            } else {
+                ""
+            }
+        );
+        let given = config
+            .config
+            .plugins
+            .iter()
+            .find(|p| p.name == plugin.name)
+            .and_then(|p| p.parameters.clone())
+            .unwrap_or_default();
+        let docs = registry
+            .get(&plugin.type_name)
+            .map(|t| t.parameters().to_vec())
+            .unwrap_or_default();
+        if docs.is_empty() && given.is_empty() {
+            continue;
+        }
+        let _ = writeln!(out, "[plugins.parameters]");
+        for doc in &docs {
+            match given.get(doc.name.as_str()) {
+                Some(value) => {
+                    let _ = writeln!(out, "{} = {}", doc.name, value);
+                }
+                None => {
+                    let _ = writeln!(out, "{} = {}  # default", doc.name, doc.default);
+                }
+            }
+        }
+        for (key, value) in &given {
+            if !docs.iter().any(|d| d.name.as_str() == key) {
+                let _ = writeln!(out, "{key} = {value}");
+            }
+        }
+    }
+    let _ = writeln!(out, "\n[[profiles]]");
+    let _ = writeln!(out, "name = {}", toml_string(&pipeline.profile));
+    let names = |indices: &[usize]| {
+        indices
+            .iter()
+            .map(|&i| toml_string(&pipeline.plugins[i].name))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let _ = writeln!(out, "filters = [{}]", names(&pipeline.filters));
+    let scorers: Vec<String> = pipeline
+        .scorers
+        .iter()
+        .map(|s| {
+            format!(
+                "{{ plugin = {}, weight = {:?} }}",
+                toml_string(&pipeline.plugins[s.plugin].name),
+                s.weight
+            )
+        })
+        .collect();
+    let _ = writeln!(out, "scorers = [{}]", scorers.join(", "));
+    let _ = writeln!(
+        out,
+        "picker = {}",
+        toml_string(&pipeline.plugins[pipeline.picker].name)
+    );
+    let _ = writeln!(out, "\n# producer order: {}", names(&pipeline.producers));
+    let keys: Vec<String> = pipeline.rows.iter().map(|k| k.to_string()).collect();
+    let _ = writeln!(out, "# data keys: {}", keys.join(", "));
+    out
+}
+
+fn toml_string(text: &str) -> String {
+    toml::Value::String(text.to_string()).to_string()
+}

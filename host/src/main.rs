@@ -1,0 +1,309 @@
+//! The `switchyard` command line.
+
+use std::io::{BufReader, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Args, Parser, Subcommand};
+use switchyard::config::{LoadedConfig, DEFAULT_CONFIG};
+use switchyard::pipeline::{build, load_registry, Options, Scheduler};
+use switchyard::sim::{self, FleetConfig, SimRouter, Workload};
+use switchyard::{effective, replay, simulate};
+
+#[derive(Parser)]
+#[command(name = "switchyard", version, about = "Endpoint picker for LLM inference fleets")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Args, Clone)]
+struct Common {
+    /// The pipeline configuration.
+    #[arg(long, short, default_value = DEFAULT_CONFIG)]
+    config: PathBuf,
+    /// Allow plugin types of stability alpha (same as `allow_experimental_plugins = true`).
+    #[arg(long)]
+    allow_experimental_plugins: bool,
+    /// A directory searched first for plugin libraries named by bare name (repeatable).
+    #[arg(long = "plugin-dir")]
+    plugin_dirs: Vec<PathBuf>,
+}
+
+impl Common {
+    fn options(&self) -> Options {
+        let mut plugin_dirs = self.plugin_dirs.clone();
+        if let Some(dir) = std::env::var_os("SWITCHYARD_PLUGIN_DIR") {
+            plugin_dirs.push(dir.into());
+        }
+        Options {
+            allow_experimental_plugins: self.allow_experimental_plugins,
+            plugin_dirs,
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate a config and print it with defaults filled in, created producers and order.
+    Check(Common),
+    /// List the plugin types available to a config: kind, stability, API version, source.
+    Plugins(Common),
+    /// Schedule a JSONL file of timestamped requests on virtual time (see docs/replay.md).
+    Replay {
+        #[command(flatten)]
+        common: Common,
+        /// Requests, one JSON object per line.
+        #[arg(long)]
+        input: PathBuf,
+        /// Where to write the decisions (standard output when omitted).
+        #[arg(long)]
+        output: Option<PathBuf>,
+        /// Seed of every random choice.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Leave the decision records out of the output.
+        #[arg(long)]
+        brief: bool,
+    },
+    /// Simulate the pipeline against baselines on a modelled fleet (see docs/simulate.md).
+    Simulate {
+        #[command(flatten)]
+        common: Common,
+        /// Built-in workload: rl-rollout, shared-prefix or multi-turn.
+        #[arg(long, default_value = "rl-rollout")]
+        workload: String,
+        /// Workload parameter override, `name=value` with the camelCase name (repeatable).
+        #[arg(long = "set", value_name = "NAME=VALUE")]
+        overrides: Vec<String>,
+        /// Replay a JSONL trace instead of a built-in workload.
+        #[arg(long)]
+        trace: Option<PathBuf>,
+        /// Number of replicas.
+        #[arg(long)]
+        replicas: Option<usize>,
+        /// More pipelines to compare (repeatable).
+        #[arg(long = "compare")]
+        compare: Vec<PathBuf>,
+        /// Skip the baselines.
+        #[arg(long)]
+        no_baselines: bool,
+        /// Write report.json and report.html here.
+        #[arg(long)]
+        output: Option<PathBuf>,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> Result<(), String> {
+    match command {
+        Command::Check(common) => {
+            let config = read_config(&common.config)?;
+            let options = common.options();
+            let registry = load_registry(&config, &options).map_err(|e| e.to_string())?;
+            let pipeline = build(&config, &registry, &options).map_err(|e| e.to_string())?;
+            print!("{}", effective::render(&config, &registry, &pipeline));
+            Ok(())
+        }
+        Command::Plugins(common) => {
+            let config = read_config(&common.config)?;
+            let registry = load_registry(&config, &common.options()).map_err(|e| e.to_string())?;
+            println!("{:<34} {:<9} {:<9} {:<5} SOURCE", "TYPE", "KIND", "STABILITY", "API");
+            for t in registry.iter() {
+                println!(
+                    "{:<34} {:<9} {:<9} {:<5} {}",
+                    t.name(),
+                    t.kind().as_str(),
+                    t.stability().as_str(),
+                    format!("{}.{}", t.api_version.major, t.api_version.minor),
+                    t.source
+                );
+            }
+            Ok(())
+        }
+        Command::Replay {
+            common,
+            input,
+            output,
+            seed,
+            brief,
+        } => {
+            let config = read_config(&common.config)?;
+            let options = common.options();
+            let registry = load_registry(&config, &options).map_err(|e| e.to_string())?;
+            let pipeline = build(&config, &registry, &options).map_err(|e| e.to_string())?;
+            let file = std::fs::File::open(&input)
+                .map_err(|e| format!("cannot read {}: {e}", input.display()))?;
+            let lines = replay::read_input(BufReader::new(file))
+                .map_err(|e| format!("{}:{e}", input.display()))?;
+            let fleet = replay::fleet_from_config(&config.config.endpoints);
+            let mut scheduler = Scheduler::new(Arc::new(pipeline), fleet, seed);
+            let mut sink: Box<dyn Write> = match &output {
+                Some(path) => Box::new(std::io::BufWriter::new(
+                    std::fs::File::create(path)
+                        .map_err(|e| format!("cannot write {}: {e}", path.display()))?,
+                )),
+                None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+            };
+            let (placed, rejected) = replay::run(&mut scheduler, &lines, !brief, &mut *sink)
+                .map_err(|e| format!("writing decisions: {e}"))?;
+            sink.flush().map_err(|e| format!("writing decisions: {e}"))?;
+            eprintln!("{placed} requests placed, {rejected} rejected");
+            Ok(())
+        }
+        Command::Simulate {
+            common,
+            workload,
+            overrides,
+            trace,
+            replicas,
+            compare,
+            no_baselines,
+            output,
+            seed,
+        } => simulate_command(SimulateArgs {
+            common,
+            workload,
+            overrides,
+            trace,
+            replicas,
+            compare,
+            no_baselines,
+            output,
+            seed,
+        }),
+    }
+}
+
+struct SimulateArgs {
+    common: Common,
+    workload: String,
+    overrides: Vec<String>,
+    trace: Option<PathBuf>,
+    replicas: Option<usize>,
+    compare: Vec<PathBuf>,
+    no_baselines: bool,
+    output: Option<PathBuf>,
+    seed: u64,
+}
+
+fn simulate_command(args: SimulateArgs) -> Result<(), String> {
+    let options = args.common.options();
+    let config = read_config(&args.common.config)?;
+    let mut fleet = FleetConfig::default();
+    if let Some(replicas) = args.replicas {
+        fleet.replicas = replicas;
+    }
+    fleet
+        .validate()
+        .map_err(|e| format!("--replicas: {e}"))?;
+    let (label, requests) = match &args.trace {
+        Some(path) => (
+            format!("trace {}", path.display()),
+            sim::read_trace(path).map_err(|e| e.to_string())?,
+        ),
+        None => {
+            let mut object = serde_json::Map::new();
+            for entry in &args.overrides {
+                let (name, value) = entry
+                    .split_once('=')
+                    .ok_or_else(|| format!("--set {entry}: expected NAME=VALUE"))?;
+                let value = serde_json::from_str(value)
+                    .unwrap_or_else(|_| serde_json::Value::String(value.to_string()));
+                object.insert(name.to_string(), value);
+            }
+            let workload = Workload::from_name(&args.workload, serde_json::Value::Object(object))
+                .map_err(|e| e.to_string())?;
+            (workload.name().to_string(), workload.generate())
+        }
+    };
+    eprintln!(
+        "simulating {} requests ({label}) on {} replicas",
+        requests.len(),
+        fleet.replicas
+    );
+
+    let mut routers: Vec<Box<dyn SimRouter>> = Vec::new();
+    let main_name = simulate::pipeline_name(&config.path);
+    routers.push(Box::new(
+        simulate::pipeline_router(&main_name, &config, &options, &fleet, args.seed)
+            .map_err(|e| e.to_string())?,
+    ));
+    for path in &args.compare {
+        let extra = read_config(path)?;
+        routers.push(Box::new(
+            simulate::pipeline_router(
+                &simulate::pipeline_name(path),
+                &extra,
+                &options,
+                &fleet,
+                args.seed,
+            )
+            .map_err(|e| e.to_string())?,
+        ));
+    }
+    if !args.no_baselines {
+        routers.push(Box::new(sim::RoundRobin::new()));
+        routers.push(Box::new(sim::LeastInFlight::new()));
+        let approx = simulate::approx_baseline(&config).map_err(|e| e.to_string())?;
+        routers.push(Box::new(
+            simulate::pipeline_router("approx-prefix-load", &approx, &options, &fleet, args.seed)
+                .map_err(|e| e.to_string())?,
+        ));
+    }
+
+    let show_progress = std::io::stderr().is_terminal();
+    let mut reports = Vec::new();
+    for router in &mut routers {
+        let name = router.name().to_string();
+        let mut progress = |done: usize, total: usize| {
+            if show_progress && total > 0 {
+                let filled = done * 30 / total;
+                eprint!(
+                    "\r{name:<22} [{}{}] {done}/{total}",
+                    "#".repeat(filled),
+                    ".".repeat(30 - filled)
+                );
+                if done == total {
+                    eprintln!();
+                }
+            }
+        };
+        reports.push(sim::run(&requests, &fleet, router.as_mut(), &mut progress));
+    }
+    println!("{}", sim::render_table(&reports));
+    if let Some(dir) = &args.output {
+        sim::write_reports(dir, &reports)
+            .map_err(|e| format!("writing reports to {}: {e}", dir.display()))?;
+        eprintln!(
+            "wrote {} and {}",
+            dir.join("report.json").display(),
+            dir.join("report.html").display()
+        );
+    }
+    Ok(())
+}
+
+fn read_config(path: &Path) -> Result<LoadedConfig, String> {
+    LoadedConfig::read(path).map_err(|e| e.to_string())
+}

@@ -1,0 +1,12 @@
+//! The scheduling pipeline: wiring a config into instances, and running requests through
+//! producers, filters, scorers and the picker.
+
+pub mod record;
+pub mod request;
+pub mod scheduler;
+pub mod tokenize;
+pub mod wiring;
+
+pub use request::{ChatMessage, Endpoint, Fleet, Prompt, Request};
+pub use scheduler::{Decision, Rejection, Scheduler};
+pub use wiring::{build, load_registry, Options, Pipeline};

@@ -1,0 +1,59 @@
+//! What the pipeline schedules: requests, and the endpoints they can go to.
+
+use std::sync::Arc;
+
+use serde::Deserialize;
+use switchyard_plugin_api::EndpointMetrics;
+
+/// The prompt of a request as it arrived.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// Token ids, one list per prompt.
+    Tokens(Vec<Vec<u32>>),
+    /// Text, tokenized by the token producer.
+    Text(String),
+    /// Chat messages, tokenized by the token producer.
+    Chat(Vec<ChatMessage>),
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+/// One inference request to place.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub id: String,
+    pub model: String,
+    pub cache_salt: String,
+    pub prompt: Prompt,
+    pub max_output_tokens: Option<u64>,
+}
+
+/// One model-server replica.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Endpoint {
+    /// `namespace/name`.
+    pub id: String,
+    pub address: String,
+    pub role: String,
+    pub metrics: EndpointMetrics,
+}
+
+/// The endpoints known at one moment. Requests keep the snapshot they arrived with, so a
+/// change of fleet never disturbs a decision under way.
+#[derive(Debug, Clone, Default)]
+pub struct Fleet {
+    pub endpoints: Arc<[Endpoint]>,
+}
+
+impl Fleet {
+    pub fn new(endpoints: Vec<Endpoint>) -> Fleet {
+        Fleet {
+            endpoints: endpoints.into(),
+        }
+    }
+}

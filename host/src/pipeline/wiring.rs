@@ -1,0 +1,489 @@
+//! Building a pipeline from a config: instantiate plugins, create missing default producers,
+//! resolve every data key to a row index, order the producers, and resolve the profile.
+//!
+//! Everything named by a string is resolved here, once; the scheduler works with indices.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+
+use switchyard_plugin_api::{keys, DataKey, Declarations, PluginInstance, PluginKind, Stability};
+
+use crate::config::{parameters_json, ConfigError, LoadedConfig, ProfileConfig, WeightedScorer};
+use crate::plugins::{Registry, Source};
+
+/// Switches that come from the command line rather than the file.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    pub allow_experimental_plugins: bool,
+    /// Searched first for libraries named by bare name.
+    pub plugin_dirs: Vec<PathBuf>,
+}
+
+/// Time budget of one produce call when the producer does not declare one.
+pub const DEFAULT_PRODUCER_TIMEOUT_MS: u64 = 400;
+
+/// One plugin instance of the pipeline.
+pub struct WiredPlugin {
+    pub name: String,
+    pub type_name: String,
+    pub kind: PluginKind,
+    pub source: Source,
+    pub stability: Stability,
+    pub object: PluginInstance,
+    pub declarations: Declarations,
+    /// Created because a consumer required its data, not listed in the config.
+    pub auto_created: bool,
+    /// Row of each declared consumed key (same order), `u32::MAX` when nothing produces it.
+    pub consumed_rows: Vec<u32>,
+    /// Row of each declared produced key (same order).
+    pub produced_rows: Vec<u32>,
+}
+
+impl WiredPlugin {
+    pub fn timeout_ms(&self) -> u64 {
+        match self.declarations.timeout_ms {
+            0 => DEFAULT_PRODUCER_TIMEOUT_MS,
+            ms => ms,
+        }
+    }
+
+    pub fn label(&self) -> String {
+        if self.name == self.type_name {
+            self.name.clone()
+        } else {
+            format!("{} ({})", self.name, self.type_name)
+        }
+    }
+}
+
+/// A scorer reference of the profile.
+#[derive(Debug, Clone, Copy)]
+pub struct ScorerRef {
+    pub plugin: usize,
+    pub weight: f64,
+}
+
+/// A wired pipeline: instances and the order the scheduler runs them in.
+pub struct Pipeline {
+    pub plugins: Vec<WiredPlugin>,
+    /// Producers, dependencies first, ties in config order.
+    pub producers: Vec<usize>,
+    pub filters: Vec<usize>,
+    pub scorers: Vec<ScorerRef>,
+    pub picker: usize,
+    pub profile: String,
+    /// The data key of each attribute row.
+    pub rows: Vec<DataKey>,
+}
+
+impl Pipeline {
+    pub fn plugin(&self, index: usize) -> &WiredPlugin {
+        &self.plugins[index]
+    }
+
+    pub fn find(&self, name: &str) -> Option<usize> {
+        self.plugins.iter().position(|p| p.name == name)
+    }
+}
+
+/// Loads the libraries a config names into a registry that already holds the built-ins.
+pub fn load_registry(config: &LoadedConfig, options: &Options) -> Result<Registry, ConfigError> {
+    let mut registry = Registry::with_builtins();
+    for (index, entry) in config.config.libraries.iter().enumerate() {
+        let candidates = config.library_candidates(entry, &options.plugin_dirs);
+        registry.load_library(entry, &candidates).map_err(|error| {
+            let line = crate::config::locate::line_of(
+                &config.source,
+                &[
+                    crate::config::locate::Step::Key("libraries"),
+                    crate::config::locate::Step::Index(index),
+                ],
+            );
+            ConfigError::new(&config.path, error.to_string()).at_line(line)
+        })?;
+    }
+    Ok(registry)
+}
+
+/// Builds the pipeline the config describes.
+pub fn build(
+    config: &LoadedConfig,
+    registry: &Registry,
+    options: &Options,
+) -> Result<Pipeline, ConfigError> {
+    let allow_alpha =
+        options.allow_experimental_plugins || config.config.allow_experimental_plugins;
+    let mut plugins = Vec::new();
+    for (index, entry) in config.config.plugins.iter().enumerate() {
+        let error = |message: String| {
+            ConfigError::new(&config.path, message)
+                .at_line(config.plugin_line(index, None))
+                .plugin(&entry.name, &entry.type_name)
+        };
+        let Some(plugin_type) = registry.get(&entry.type_name) else {
+            return Err(error(format!(
+                "unknown plugin type '{}'; known types: {}. A type from a library needs the \
+                 library in `libraries`",
+                entry.type_name,
+                registry.type_names().join(", ")
+            )));
+        };
+        if plugin_type.stability() == Stability::Alpha && !allow_alpha {
+            return Err(error(alpha_refusal(&entry.type_name)));
+        }
+        let object = plugin_type
+            .create(&entry.name, &parameters_json(&entry.parameters))
+            .map_err(|e| {
+                let field = e.field.as_str();
+                let mut message = e.message.to_string();
+                if let Some(doc) = plugin_type.parameters().iter().find(|p| p.name == field) {
+                    if !message.contains(doc.range.as_str()) && !doc.range.is_empty() {
+                        message.push_str(&format!(" (valid: {})", doc.range));
+                    }
+                }
+                ConfigError::new(&config.path, message)
+                    .at_line(config.plugin_line(index, Some(field)))
+                    .plugin(&entry.name, &entry.type_name)
+                    .field(field)
+            })?;
+        plugins.push(wire_instance(
+            entry.name.clone(),
+            plugin_type,
+            object,
+            false,
+        ));
+    }
+
+    create_default_producers(config, registry, allow_alpha, &mut plugins)?;
+    let rows = assign_rows(&mut plugins);
+    let producers = order_producers(config, &plugins)?;
+    let profile = config.config.profiles.first().cloned();
+    let (profile_name, filters, scorers, picker) =
+        resolve_profile(config, registry, profile, &mut plugins)?;
+    warn_unused(&plugins, &producers, &filters, &scorers, picker);
+    Ok(Pipeline {
+        plugins,
+        producers,
+        filters,
+        scorers,
+        picker,
+        profile: profile_name,
+        rows,
+    })
+}
+
+fn alpha_refusal(type_name: &str) -> String {
+    format!(
+        "plugin type '{type_name}' is alpha (experimental); set \
+         `allow_experimental_plugins = true` in the config or pass \
+         --allow-experimental-plugins to use it"
+    )
+}
+
+fn wire_instance(
+    name: String,
+    plugin_type: &crate::plugins::PluginType,
+    object: PluginInstance,
+    auto_created: bool,
+) -> WiredPlugin {
+    let declarations = object.declarations();
+    WiredPlugin {
+        name,
+        type_name: plugin_type.name().to_string(),
+        kind: plugin_type.kind(),
+        source: plugin_type.source.clone(),
+        stability: plugin_type.stability(),
+        object,
+        declarations,
+        auto_created,
+        consumed_rows: Vec::new(),
+        produced_rows: Vec::new(),
+    }
+}
+
+/// Creates, until nothing is missing, the default producer of every required key that no
+/// configured plugin produces. A default producer is named after its type, so only keys bound
+/// to that name can be satisfied this way.
+fn create_default_producers(
+    config: &LoadedConfig,
+    registry: &Registry,
+    allow_alpha: bool,
+    plugins: &mut Vec<WiredPlugin>,
+) -> Result<(), ConfigError> {
+    loop {
+        let produced: std::collections::HashSet<DataKey> = plugins
+            .iter()
+            .flat_map(|p| p.declarations.produces.iter().cloned())
+            .collect();
+        let missing = plugins.iter().find_map(|consumer| {
+            consumer
+                .declarations
+                .consumes
+                .iter()
+                .find(|c| c.required && !produced.contains(&c.key))
+                .map(|c| (consumer.label(), c.key.clone()))
+        });
+        let Some((consumer, key)) = missing else {
+            return Ok(());
+        };
+        let producer_name = key.producer.as_str();
+        let error = |message: String| ConfigError::new(&config.path, message);
+        if let Some(existing) = plugins.iter().find(|p| p.name == producer_name) {
+            return Err(error(format!(
+                "plugin '{consumer}' requires {key}, but plugin '{}' does not produce it",
+                existing.label()
+            )));
+        }
+        let default_type = keys::default_producer(key.data_type.as_str());
+        if default_type != Some(producer_name) {
+            return Err(error(format!(
+                "plugin '{consumer}' requires {key}, and no plugin named '{producer_name}' \
+                 produces it; add a [[plugins]] entry named '{producer_name}' that produces \
+                 {}, or point the consumer at an existing producer",
+                key.data_type
+            )));
+        }
+        let Some(plugin_type) = registry.get(producer_name) else {
+            return Err(error(format!(
+                "plugin '{consumer}' requires {key}; its default producer type \
+                 '{producer_name}' is not loaded: add its library to `libraries` or configure \
+                 another producer"
+            )));
+        };
+        if plugin_type.stability() == Stability::Alpha && !allow_alpha {
+            return Err(error(alpha_refusal(producer_name)));
+        }
+        let object = plugin_type.create(producer_name, "null").map_err(|e| {
+            error(format!(
+                "creating the default producer '{producer_name}' (required by '{consumer}') \
+                 failed: {e}"
+            ))
+        })?;
+        tracing::debug!(producer = producer_name, consumer, %key, "created default producer");
+        plugins.push(wire_instance(
+            producer_name.to_string(),
+            plugin_type,
+            object,
+            true,
+        ));
+    }
+}
+
+/// Gives every produced key a row and maps each consumer's keys to rows.
+fn assign_rows(plugins: &mut [WiredPlugin]) -> Vec<DataKey> {
+    let mut rows: Vec<DataKey> = Vec::new();
+    let mut index: HashMap<DataKey, u32> = HashMap::new();
+    for plugin in plugins.iter_mut() {
+        plugin.produced_rows = plugin
+            .declarations
+            .produces
+            .iter()
+            .map(|key| {
+                *index.entry(key.clone()).or_insert_with(|| {
+                    rows.push(key.clone());
+                    (rows.len() - 1) as u32
+                })
+            })
+            .collect();
+    }
+    for plugin in plugins.iter_mut() {
+        plugin.consumed_rows = plugin
+            .declarations
+            .consumes
+            .iter()
+            .map(|c| index.get(&c.key).copied().unwrap_or(u32::MAX))
+            .collect();
+    }
+    rows
+}
+
+/// Orders producers so that every producer runs after those whose data it reads (required
+/// or optional), ties in config order.
+fn order_producers(
+    config: &LoadedConfig,
+    plugins: &[WiredPlugin],
+) -> Result<Vec<usize>, ConfigError> {
+    let producers: Vec<usize> = (0..plugins.len())
+        .filter(|&i| plugins[i].kind == PluginKind::Producer)
+        .collect();
+    let mut depends_on: HashMap<usize, BTreeSet<usize>> = HashMap::new();
+    for &consumer in &producers {
+        let rows: BTreeSet<u32> = plugins[consumer].consumed_rows.iter().copied().collect();
+        let deps = producers
+            .iter()
+            .copied()
+            .filter(|&p| p != consumer)
+            .filter(|&p| plugins[p].produced_rows.iter().any(|r| rows.contains(r)))
+            .collect();
+        depends_on.insert(consumer, deps);
+    }
+    let mut order = Vec::with_capacity(producers.len());
+    let mut done = BTreeSet::new();
+    while order.len() < producers.len() {
+        let next = producers
+            .iter()
+            .copied()
+            .find(|p| !done.contains(p) && depends_on[p].iter().all(|d| done.contains(d)));
+        match next {
+            Some(p) => {
+                done.insert(p);
+                order.push(p);
+            }
+            None => {
+                let cycle: Vec<String> = producers
+                    .iter()
+                    .filter(|p| !done.contains(*p))
+                    .map(|&p| plugins[p].label())
+                    .collect();
+                return Err(ConfigError::new(
+                    &config.path,
+                    format!(
+                        "producers depend on each other in a cycle: {}; break it by changing \
+                         which producer one of them reads",
+                        cycle.join(" -> ")
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(order)
+}
+
+type ResolvedProfile = (String, Vec<usize>, Vec<ScorerRef>, usize);
+
+fn resolve_profile(
+    config: &LoadedConfig,
+    registry: &Registry,
+    profile: Option<ProfileConfig>,
+    plugins: &mut Vec<WiredPlugin>,
+) -> Result<ResolvedProfile, ConfigError> {
+    let explicit = profile.is_some();
+    let profile = profile.unwrap_or_else(|| implicit_profile(plugins));
+    let line = |key: &str| {
+        if explicit {
+            config.profile_line(0, Some(key))
+        } else {
+            None
+        }
+    };
+    let find = |plugins: &[WiredPlugin], name: &str, role: PluginKind, key: &str| {
+        let error = |message: String| {
+            ConfigError::new(&config.path, message)
+                .at_line(line(key))
+                .field(format!("profiles.{key}"))
+        };
+        let Some(index) = plugins.iter().position(|p| p.name == name) else {
+            let configured: Vec<&str> = plugins.iter().map(|p| p.name.as_str()).collect();
+            return Err(error(format!(
+                "profile '{}' names '{name}' as a {role}, but no plugin has that name \
+                 (configured: {})",
+                profile.name,
+                configured.join(", ")
+            )));
+        };
+        let plugin = &plugins[index];
+        if plugin.kind != role {
+            let hint = if plugin.kind == PluginKind::Producer {
+                "; producers run by themselves before the filters and are not listed in profiles"
+            } else {
+                ""
+            };
+            return Err(error(format!(
+                "profile '{}' uses '{}' as a {role}, but it is a {}{hint}",
+                profile.name,
+                plugin.label(),
+                plugin.kind
+            )));
+        }
+        Ok(index)
+    };
+    let mut filters = Vec::new();
+    for name in &profile.filters {
+        filters.push(find(plugins, name, PluginKind::Filter, "filters")?);
+    }
+    let mut scorers = Vec::new();
+    for WeightedScorer { plugin, weight } in &profile.scorers {
+        let index = find(plugins, plugin, PluginKind::Scorer, "scorers")?;
+        if !weight.is_finite() {
+            return Err(ConfigError::new(
+                &config.path,
+                format!("scorer '{plugin}' has weight {weight}; a weight must be a finite number"),
+            )
+            .at_line(line("scorers")));
+        }
+        scorers.push(ScorerRef {
+            plugin: index,
+            weight: *weight,
+        });
+    }
+    let picker = match &profile.picker {
+        Some(name) => find(plugins, name, PluginKind::Picker, "picker")?,
+        None => {
+            const DEFAULT_PICKER: &str = "max-score-picker";
+            match plugins.iter().position(|p| p.name == DEFAULT_PICKER) {
+                Some(index) => {
+                    find(plugins, DEFAULT_PICKER, PluginKind::Picker, "picker").map(|_| index)?
+                }
+                None => {
+                    let plugin_type = registry
+                        .get(DEFAULT_PICKER)
+                        .expect("max-score-picker is built in");
+                    let object = plugin_type.create(DEFAULT_PICKER, "null").map_err(|e| {
+                        ConfigError::new(&config.path, format!("default picker: {e}"))
+                    })?;
+                    plugins.push(wire_instance(
+                        DEFAULT_PICKER.to_string(),
+                        plugin_type,
+                        object,
+                        true,
+                    ));
+                    plugins.len() - 1
+                }
+            }
+        }
+    };
+    Ok((profile.name, filters, scorers, picker))
+}
+
+/// Without a `[[profiles]]` entry: every filter in config order, every scorer with weight 1,
+/// and the configured picker if there is exactly one.
+fn implicit_profile(plugins: &[WiredPlugin]) -> ProfileConfig {
+    let named = |kind: PluginKind| -> Vec<String> {
+        plugins
+            .iter()
+            .filter(|p| p.kind == kind)
+            .map(|p| p.name.clone())
+            .collect()
+    };
+    let pickers = named(PluginKind::Picker);
+    ProfileConfig {
+        name: "default".to_string(),
+        filters: named(PluginKind::Filter),
+        scorers: named(PluginKind::Scorer)
+            .into_iter()
+            .map(|plugin| WeightedScorer {
+                plugin,
+                weight: 1.0,
+            })
+            .collect(),
+        picker: pickers.first().cloned(),
+    }
+}
+
+fn warn_unused(
+    plugins: &[WiredPlugin],
+    producers: &[usize],
+    filters: &[usize],
+    scorers: &[ScorerRef],
+    picker: usize,
+) {
+    for (index, plugin) in plugins.iter().enumerate() {
+        let used = producers.contains(&index)
+            || filters.contains(&index)
+            || scorers.iter().any(|s| s.plugin == index)
+            || picker == index;
+        if !used {
+            tracing::warn!(plugin = %plugin.label(), "plugin is configured but not used by the profile");
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! Plugin types: the built-in ones, the libraries named by the config, and the registry that
+//! holds both.
+
+pub mod builtin;
+pub mod registry;
+
+pub use registry::{PluginType, Registry, RegistryError, Source};

@@ -1,0 +1,236 @@
+//! The registry of plugin types: built-ins (collected through `inventory`) and the types of
+//! every library the config names. One type name has exactly one source.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use switchyard_plugin_api::loading::{load_library, LoadedLibrary};
+use switchyard_plugin_api::sdk::PluginFactory;
+use switchyard_plugin_api::{
+    ApiVersion, HostCallbacks, LogLevel, ParamDoc, PluginError, PluginInstance, PluginKind,
+    PluginTypeInfo, Stability,
+};
+
+use super::builtin;
+
+/// Where a plugin type comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    Builtin,
+    Library(PathBuf),
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Builtin => f.write_str("built-in"),
+            Source::Library(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Maker {
+    Builtin(&'static PluginFactory),
+    Library(LoadedLibrary),
+}
+
+/// One registered plugin type.
+#[derive(Clone)]
+pub struct PluginType {
+    pub info: PluginTypeInfo,
+    pub source: Source,
+    pub api_version: ApiVersion,
+    maker: Maker,
+}
+
+impl PluginType {
+    pub fn name(&self) -> &str {
+        self.info.type_name.as_str()
+    }
+
+    pub fn kind(&self) -> PluginKind {
+        self.info.kind
+    }
+
+    pub fn stability(&self) -> Stability {
+        self.info.stability
+    }
+
+    pub fn parameters(&self) -> &[ParamDoc] {
+        self.info.parameters.as_slice()
+    }
+
+    /// Creates an instance from JSON parameters (`null` for none).
+    pub fn create(
+        &self,
+        instance_name: &str,
+        parameters_json: &str,
+    ) -> Result<PluginInstance, PluginError> {
+        match self.maker {
+            Maker::Builtin(factory) => {
+                let created =
+                    std::panic::catch_unwind(|| (factory.create)(instance_name, parameters_json))
+                        .unwrap_or_else(|_| {
+                            Err(PluginError::failed("the plugin's constructor panicked"))
+                        });
+                created.map(|instance| instance.into_ffi())
+            }
+            Maker::Library(library) => library.create(self.name(), instance_name, parameters_json),
+        }
+    }
+}
+
+/// A registry problem that stops start-up.
+#[derive(Debug)]
+pub enum RegistryError {
+    /// A library was refused; the message is the loader's short explanation.
+    Refused(switchyard_plugin_api::loading::LoadError),
+    /// No file found for a library named by bare name.
+    NotFound {
+        entry: String,
+        searched: Vec<PathBuf>,
+    },
+    /// Two sources offer one type name.
+    Duplicate {
+        type_name: String,
+        first: Source,
+        second: Source,
+    },
+}
+
+impl fmt::Display for RegistryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RegistryError::Refused(error) => write!(f, "{error}"),
+            RegistryError::NotFound { entry, searched } => {
+                write!(f, "plugin library '{entry}' not found; looked for")?;
+                for path in searched {
+                    write!(f, "\n  {}", path.display())?;
+                }
+                write!(
+                    f,
+                    "\n  build the plugins (cargo build --workspace, add --release for a release \
+                     host) or pass --plugin-dir"
+                )
+            }
+            RegistryError::Duplicate {
+                type_name,
+                first,
+                second,
+            } => write!(
+                f,
+                "plugin type '{type_name}' is offered twice: by {first} and by {second}; \
+                 remove one of the two libraries from the config"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RegistryError {}
+
+/// All plugin types known to this run, by type name.
+#[derive(Clone, Default)]
+pub struct Registry {
+    types: BTreeMap<String, PluginType>,
+}
+
+impl Registry {
+    /// A registry holding the built-in types only.
+    pub fn with_builtins() -> Registry {
+        let mut registry = Registry::default();
+        for factory in builtin::all() {
+            let info = switchyard_plugin_api::sdk::describe_types(&[factory])
+                .into_iter()
+                .next()
+                .expect("one factory describes one type");
+            let added = registry.add(PluginType {
+                info,
+                source: Source::Builtin,
+                api_version: ApiVersion::CURRENT,
+                maker: Maker::Builtin(factory),
+            });
+            debug_assert!(added.is_ok(), "built-in type names are unique");
+        }
+        registry
+    }
+
+    fn add(&mut self, plugin_type: PluginType) -> Result<(), RegistryError> {
+        if let Some(existing) = self.types.get(plugin_type.name()) {
+            return Err(RegistryError::Duplicate {
+                type_name: plugin_type.name().to_string(),
+                first: existing.source.clone(),
+                second: plugin_type.source,
+            });
+        }
+        self.types
+            .insert(plugin_type.name().to_string(), plugin_type);
+        Ok(())
+    }
+
+    /// Loads the first existing file among `candidates` and registers its types.
+    pub fn load_library(
+        &mut self,
+        entry: &str,
+        candidates: &[PathBuf],
+    ) -> Result<(), RegistryError> {
+        let Some(path) = candidates.iter().find(|p| p.exists()) else {
+            if candidates.len() == 1 {
+                // An explicit path: let the loader say why it cannot be opened.
+                return self.load_path(&candidates[0]);
+            }
+            return Err(RegistryError::NotFound {
+                entry: entry.to_string(),
+                searched: candidates.to_vec(),
+            });
+        };
+        self.load_path(path)
+    }
+
+    pub fn load_path(&mut self, path: &Path) -> Result<(), RegistryError> {
+        let library = load_library(path).map_err(|error| {
+            tracing::debug!(library = %path.display(), "full loader report:\n{}", error.detail);
+            RegistryError::Refused(error)
+        })?;
+        library.connect_host(HostCallbacks { log: plugin_log });
+        let source = Source::Library(path.canonicalize().unwrap_or_else(|_| path.to_path_buf()));
+        for info in library.types() {
+            self.add(PluginType {
+                info,
+                source: source.clone(),
+                api_version: library.api_version(),
+                maker: Maker::Library(library),
+            })?;
+        }
+        Ok(())
+    }
+
+    pub fn get(&self, type_name: &str) -> Option<&PluginType> {
+        self.types.get(type_name)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &PluginType> {
+        self.types.values()
+    }
+
+    pub fn type_names(&self) -> Vec<&str> {
+        self.types.keys().map(String::as_str).collect()
+    }
+}
+
+/// The host side of the logging bridge: plugin lines join the host's `tracing` output.
+extern "C" fn plugin_log(
+    level: LogLevel,
+    target: switchyard_plugin_api::ffi::RStr<'_>,
+    message: switchyard_plugin_api::ffi::RStr<'_>,
+) {
+    let (target, message) = (target.as_str(), message.as_str());
+    match level {
+        LogLevel::Error => tracing::error!(plugin = target, "{message}"),
+        LogLevel::Warn => tracing::warn!(plugin = target, "{message}"),
+        LogLevel::Info => tracing::info!(plugin = target, "{message}"),
+        LogLevel::Debug => tracing::debug!(plugin = target, "{message}"),
+        LogLevel::Trace => tracing::trace!(plugin = target, "{message}"),
+    }
+}

@@ -1,0 +1,211 @@
+//! `switchyard replay`: schedules a JSONL file of timestamped requests on virtual time and
+//! writes one decision per request. The format is documented in `docs/replay.md`.
+
+use std::io::{BufRead, Write};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::MetricsConfig;
+use crate::pipeline::record::DecisionRecord;
+use crate::pipeline::{Decision, Endpoint, Fleet, Prompt, Request, Scheduler};
+
+/// One input line.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayLine {
+    /// Arrival time in milliseconds from the start of the replay.
+    pub arrival_ms: f64,
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub model: String,
+    #[serde(default)]
+    pub cache_salt: String,
+    /// Token ids of one prompt.
+    #[serde(default)]
+    pub tokens: Option<Vec<u32>>,
+    /// Text, tokenized by the token producer's estimate.
+    #[serde(default)]
+    pub prompt: Option<String>,
+    #[serde(default)]
+    pub max_output_tokens: Option<u64>,
+    /// When the request completes (releasing in-flight load), if it does.
+    #[serde(default)]
+    pub completion_ms: Option<f64>,
+    /// Endpoint load facts from this moment on, by endpoint id (`namespace/name`).
+    #[serde(default)]
+    pub metrics: Option<std::collections::BTreeMap<String, MetricsConfig>>,
+}
+
+/// One output line.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplayOutput {
+    pub id: String,
+    pub arrival_ms: f64,
+    pub decided_ms: f64,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decision: Option<DecisionRecord>,
+}
+
+/// A line that could not be read.
+#[derive(Debug)]
+pub struct InputError {
+    pub line: usize,
+    pub message: String,
+}
+
+impl std::fmt::Display for InputError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "line {}: {}", self.line, self.message)
+    }
+}
+
+pub fn read_input(reader: impl BufRead) -> Result<Vec<ReplayLine>, InputError> {
+    let mut lines = Vec::new();
+    for (index, line) in reader.lines().enumerate() {
+        let number = index + 1;
+        let text = line.map_err(|e| InputError {
+            line: number,
+            message: e.to_string(),
+        })?;
+        if text.trim().is_empty() || text.trim_start().starts_with('#') {
+            continue;
+        }
+        let parsed: ReplayLine = serde_json::from_str(&text).map_err(|e| InputError {
+            line: number,
+            message: e.to_string(),
+        })?;
+        if parsed.tokens.is_some() == parsed.prompt.is_some() {
+            return Err(InputError {
+                line: number,
+                message: "give exactly one of `tokens` and `prompt`".into(),
+            });
+        }
+        if !parsed.arrival_ms.is_finite() || parsed.arrival_ms < 0.0 {
+            return Err(InputError {
+                line: number,
+                message: format!(
+                    "arrival_ms must be a finite number >= 0 (got {})",
+                    parsed.arrival_ms
+                ),
+            });
+        }
+        lines.push(parsed);
+    }
+    Ok(lines)
+}
+
+/// Replays `input` through the scheduler, writing one JSON line per request in decision
+/// order. Returns how many requests were placed and rejected.
+pub fn run(
+    scheduler: &mut Scheduler,
+    input: &[ReplayLine],
+    explain: bool,
+    out: &mut dyn Write,
+) -> std::io::Result<(usize, usize)> {
+    scheduler.set_explain(explain);
+    let mut events: Vec<(f64, usize)> = input
+        .iter()
+        .enumerate()
+        .map(|(i, line)| (line.arrival_ms, i))
+        .collect();
+    events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut pending: std::collections::VecDeque<(f64, usize)> = events.into();
+    let mut completions: Vec<(f64, String)> = Vec::new();
+    let (mut placed, mut rejected) = (0, 0);
+    let mut emit = |decision: Decision, out: &mut dyn Write| -> std::io::Result<()> {
+        match &decision.result {
+            Ok(_) => placed += 1,
+            Err(_) => rejected += 1,
+        }
+        let line = ReplayOutput {
+            id: decision.request_id,
+            arrival_ms: decision.arrival_ms,
+            decided_ms: decision.decided_ms,
+            endpoints: decision.endpoints,
+            error: decision.result.err().map(|e| e.to_string()),
+            decision: decision.record,
+        };
+        serde_json::to_writer(&mut *out, &line)?;
+        out.write_all(b"\n")
+    };
+    loop {
+        let next_arrival = pending.front().map(|e| e.0);
+        let next_window = scheduler.next_deadline();
+        let next_completion = completions
+            .iter()
+            .map(|c| c.0)
+            .min_by(|a, b| a.total_cmp(b));
+        let Some(now) = [next_arrival, next_window, next_completion]
+            .into_iter()
+            .flatten()
+            .min_by(|a, b| a.total_cmp(b))
+        else {
+            break;
+        };
+        // Windows due now seal before requests arriving at the same instant join a new one.
+        if next_window.is_some_and(|w| w <= now) {
+            for decision in scheduler.advance(now) {
+                emit(decision, out)?;
+            }
+            continue;
+        }
+        if let Some(index) = completions.iter().position(|c| c.0 <= now) {
+            let (_, id) = completions.remove(index);
+            scheduler.complete(&id, switchyard_plugin_api::Outcome::Finished, now);
+            continue;
+        }
+        let (_, index) = pending.pop_front().expect("an arrival is next");
+        {
+            {
+                let line = &input[index];
+                if let Some(metrics) = &line.metrics {
+                    let updated: Vec<_> = scheduler
+                        .endpoints()
+                        .iter()
+                        .map(|e| metrics.get(&e.id).map_or(e.metrics, |m| (*m).into()))
+                        .collect();
+                    scheduler.update_metrics(updated);
+                }
+                let id = line.id.clone().unwrap_or_else(|| format!("req-{index}"));
+                let request = Request {
+                    id: id.clone(),
+                    model: line.model.clone(),
+                    cache_salt: line.cache_salt.clone(),
+                    prompt: match (&line.tokens, &line.prompt) {
+                        (Some(tokens), _) => Prompt::Tokens(vec![tokens.clone()]),
+                        (None, Some(text)) => Prompt::Text(text.clone()),
+                        (None, None) => Prompt::Tokens(Vec::new()),
+                    },
+                    max_output_tokens: line.max_output_tokens,
+                };
+                if let Some(done) = line.completion_ms {
+                    completions.push((done.max(now), id));
+                }
+                for decision in scheduler.submit(request, now) {
+                    emit(decision, out)?;
+                }
+            }
+        }
+    }
+    Ok((placed, rejected))
+}
+
+/// The endpoints of a config as a fleet.
+pub fn fleet_from_config(endpoints: &[crate::config::EndpointConfig]) -> Fleet {
+    Fleet::new(
+        endpoints
+            .iter()
+            .map(|e| Endpoint {
+                id: e.id(),
+                address: e.address.clone(),
+                role: e.role.clone(),
+                metrics: e.metrics.into(),
+            })
+            .collect(),
+    )
+}

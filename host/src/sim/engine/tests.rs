@@ -1,0 +1,478 @@
+use super::*;
+use crate::sim::report::Summary;
+use crate::sim::router::{LeastInFlight, RoundRobin};
+use crate::sim::workload::RlRolloutParams;
+
+fn request(id: u64, arrival_ms: f64, tokens: Vec<u32>, output_tokens: u32) -> SimRequest {
+    SimRequest {
+        id,
+        arrival_ms,
+        model: "m".into(),
+        cache_salt: String::new(),
+        tokens,
+        output_tokens,
+        group: id,
+        step: None,
+    }
+}
+
+/// A prompt of `len` tokens no other prompt shares a block with.
+fn distinct_prompt(tag: u32, len: u32) -> Vec<u32> {
+    (0..len).map(|i| tag * 1_000_000 + i).collect()
+}
+
+fn fleet(replicas: usize, max_running: u32, decode_tokens_per_second: f64) -> FleetConfig {
+    FleetConfig {
+        replicas,
+        block_size_tokens: 16,
+        cache_capacity_blocks: 10_000,
+        prefill_tokens_per_second: 16_000.0,
+        decode_tokens_per_second,
+        max_running_sequences: max_running,
+    }
+}
+
+fn run_quiet(
+    workload: &[SimRequest],
+    fleet: &FleetConfig,
+    router: &mut dyn SimRouter,
+) -> PipelineReport {
+    run(workload, fleet, router, &mut |_, _| {})
+}
+
+/// Two replicas with one batch slot each; 1600-token prompts prefill in 100 ms, decode takes
+/// 10 ms per token after the first. Request 0 decodes for 1000 ms, the others not at all.
+fn uneven_workload() -> Vec<SimRequest> {
+    vec![
+        request(0, 0.0, distinct_prompt(1, 1600), 101),
+        request(1, 0.0, distinct_prompt(2, 1600), 1),
+        request(2, 500.0, distinct_prompt(3, 1600), 1),
+        request(3, 700.0, distinct_prompt(4, 1600), 1),
+    ]
+}
+
+#[test]
+fn round_robin_queues_behind_the_long_request() {
+    let report = run_quiet(
+        &uneven_workload(),
+        &fleet(2, 1, 100.0),
+        &mut RoundRobin::new(),
+    );
+    assert_eq!(report.name, "round-robin");
+    assert_eq!(
+        (
+            report.requests,
+            report.completed,
+            report.rejected,
+            report.unrouted
+        ),
+        (4, 4, 0, 0)
+    );
+    // Request 2 lands on replica 0 at 500 ms and waits for request 0 to finish at 1100 ms.
+    assert_eq!(
+        report.ttft_ms,
+        Summary {
+            count: 4,
+            mean: 250.0,
+            p50: 100.0,
+            p99: 700.0
+        }
+    );
+    assert_eq!(
+        report.e2e_ms,
+        Summary {
+            count: 4,
+            mean: 500.0,
+            p50: 100.0,
+            p99: 1100.0
+        }
+    );
+    assert_eq!(
+        report.router_wait_ms,
+        Summary {
+            count: 4,
+            mean: 0.0,
+            p50: 0.0,
+            p99: 0.0
+        }
+    );
+    assert_eq!(report.replica_load.max, 2);
+    assert_eq!(report.replica_load.mean, 1.5);
+    assert_eq!(report.replica_load.peak_per_replica, vec![2, 1]);
+    assert_eq!(report.replica_load.served_per_replica, vec![2, 2]);
+    assert_eq!(report.makespan_ms, 1200.0);
+    assert_eq!(report.prefill_tokens_computed, 6400);
+    assert_eq!(report.prefill_tokens_ideal, 6400);
+    assert_eq!(report.cache_hit_rate, 0.0);
+    assert_eq!(report.prefills_per_prompt_per_step, None);
+}
+
+#[test]
+fn least_in_flight_avoids_the_busy_replica() {
+    let report = run_quiet(
+        &uneven_workload(),
+        &fleet(2, 1, 100.0),
+        &mut LeastInFlight::new(),
+    );
+    assert_eq!(report.name, "least-in-flight");
+    assert_eq!(
+        report.ttft_ms,
+        Summary {
+            count: 4,
+            mean: 100.0,
+            p50: 100.0,
+            p99: 100.0
+        }
+    );
+    assert_eq!(
+        report.e2e_ms,
+        Summary {
+            count: 4,
+            mean: 350.0,
+            p50: 100.0,
+            p99: 1100.0
+        }
+    );
+    assert_eq!(report.replica_load.peak_per_replica, vec![1, 1]);
+    assert_eq!(report.replica_load.served_per_replica, vec![1, 3]);
+    assert_eq!(report.makespan_ms, 1100.0);
+}
+
+/// Sends every request of group g to replica g mod R.
+struct ByGroup {
+    decided: Vec<Decision>,
+}
+
+impl SimRouter for ByGroup {
+    fn name(&self) -> &str {
+        "by-group"
+    }
+    fn submit(&mut self, _now: f64, req: &SimRequest, fleet: &[ReplicaState]) {
+        self.decided.push(Decision {
+            request: req.id,
+            replica: Some(req.group as usize % fleet.len()),
+            note: None,
+        });
+    }
+    fn next_wakeup(&self) -> Option<f64> {
+        None
+    }
+    fn poll(&mut self, _now: f64, _fleet: &[ReplicaState], out: &mut Vec<Decision>) {
+        out.append(&mut self.decided);
+    }
+    fn on_complete(&mut self, _now: f64, _request: u64, _replica: usize) {}
+}
+
+/// One step: prompt A (64 tokens, 4 full blocks) and prompt B (40 tokens, 2 full blocks and an
+/// 8-token tail), 4 samples each, arriving together, A's samples first.
+fn burst() -> Vec<SimRequest> {
+    let a = distinct_prompt(1, 64);
+    let b = distinct_prompt(2, 40);
+    (0..8)
+        .map(|i| {
+            let (tokens, group) = if i < 4 {
+                (a.clone(), 0)
+            } else {
+                (b.clone(), 1)
+            };
+            SimRequest {
+                group,
+                step: Some(0),
+                ..request(i, 0.0, tokens, 4)
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn round_robin_prefills_each_prompt_on_every_replica() {
+    let report = run_quiet(&burst(), &fleet(2, 64, 50.0), &mut RoundRobin::new());
+    assert_eq!(report.prompt_tokens, 4 * 64 + 4 * 40);
+    // Per replica: A 64 + A 0 + B 40 + B 8 (its uncached tail).
+    assert_eq!(report.prefill_tokens_computed, 2 * (64 + 40 + 8));
+    assert_eq!(report.prefill_tokens_cached, 2 * (64 + 32));
+    assert_eq!(report.replica_load.prefill_tokens_computed_per_replica, vec![112, 112]);
+    assert_eq!(report.replica_load.prefill_tokens_cached_per_replica, vec![96, 96]);
+    // 6 distinct blocks of 16, plus four 8-token tails.
+    assert_eq!(report.prefill_tokens_ideal, 6 * 16 + 4 * 8);
+    assert_eq!(report.cache_hit_rate, 192.0 / 416.0);
+    assert_eq!(report.prefills_per_prompt_per_step, Some(2.0));
+}
+
+#[test]
+fn co_location_reaches_the_ideal() {
+    let report = run_quiet(
+        &burst(),
+        &fleet(2, 64, 50.0),
+        &mut ByGroup {
+            decided: Vec::new(),
+        },
+    );
+    assert_eq!(report.prefill_tokens_computed, 64 + 40 + 3 * 8);
+    assert_eq!(report.prefill_tokens_computed, report.prefill_tokens_ideal);
+    assert_eq!(report.prefills_per_prompt_per_step, Some(1.0));
+    assert_eq!(report.replica_load.served_per_replica, vec![4, 4]);
+}
+
+/// Holds every request and decides them all `window_ms` after the first arrival of a window.
+struct Windowed {
+    window_ms: f64,
+    seal_at: Option<f64>,
+    held: Vec<u64>,
+}
+
+impl SimRouter for Windowed {
+    fn name(&self) -> &str {
+        "windowed"
+    }
+    fn submit(&mut self, now: f64, req: &SimRequest, _fleet: &[ReplicaState]) {
+        self.seal_at.get_or_insert(now + self.window_ms);
+        self.held.push(req.id);
+    }
+    fn next_wakeup(&self) -> Option<f64> {
+        self.seal_at
+    }
+    fn poll(&mut self, now: f64, _fleet: &[ReplicaState], out: &mut Vec<Decision>) {
+        if self.seal_at.is_some_and(|t| t <= now) {
+            self.seal_at = None;
+            out.extend(self.held.drain(..).map(|id| Decision {
+                request: id,
+                replica: Some(0),
+                note: Some("window sealed".into()),
+            }));
+        }
+    }
+    fn on_complete(&mut self, _now: f64, _request: u64, _replica: usize) {}
+}
+
+#[test]
+fn router_wait_counts_towards_ttft() {
+    let workload = vec![
+        request(0, 0.0, distinct_prompt(1, 1600), 1),
+        request(1, 20.0, distinct_prompt(2, 1600), 1),
+    ];
+    let mut router = Windowed {
+        window_ms: 50.0,
+        seal_at: None,
+        held: Vec::new(),
+    };
+    let report = run_quiet(&workload, &fleet(1, 64, 50.0), &mut router);
+    // Both decided at 50 ms; prefills 50→150 and 150→250.
+    assert_eq!(
+        (report.router_wait_ms.p50, report.router_wait_ms.p99),
+        (30.0, 50.0)
+    );
+    assert_eq!(report.ttft_ms.p50, 150.0);
+    assert_eq!(report.ttft_ms.p99, 230.0);
+    assert_eq!(report.makespan_ms, 250.0);
+}
+
+/// Rejects everything, or never decides at all.
+struct Refuser {
+    decide: bool,
+    always_wake: bool,
+    held: Vec<Decision>,
+}
+
+impl SimRouter for Refuser {
+    fn name(&self) -> &str {
+        "refuser"
+    }
+    fn submit(&mut self, _now: f64, req: &SimRequest, _fleet: &[ReplicaState]) {
+        if self.decide {
+            self.held.push(Decision {
+                request: req.id,
+                replica: None,
+                note: None,
+            });
+        }
+    }
+    fn next_wakeup(&self) -> Option<f64> {
+        self.always_wake.then_some(0.0)
+    }
+    fn poll(&mut self, _now: f64, _fleet: &[ReplicaState], out: &mut Vec<Decision>) {
+        out.append(&mut self.held);
+    }
+    fn on_complete(&mut self, _now: f64, _request: u64, _replica: usize) {}
+}
+
+#[test]
+fn rejected_and_unrouted_requests_end_the_run() {
+    let workload = uneven_workload();
+    let mut rejecting = Refuser {
+        decide: true,
+        always_wake: false,
+        held: Vec::new(),
+    };
+    let report = run_quiet(&workload, &fleet(2, 1, 100.0), &mut rejecting);
+    assert_eq!(
+        (report.completed, report.rejected, report.unrouted),
+        (0, 4, 0)
+    );
+    assert_eq!(report.prompt_tokens, 0);
+    assert_eq!(report.ttft_ms, Summary::default());
+    assert!(report.ttft_cdf_ms.is_empty());
+
+    let mut silent = Refuser {
+        decide: false,
+        always_wake: false,
+        held: Vec::new(),
+    };
+    let report = run_quiet(&workload, &fleet(2, 1, 100.0), &mut silent);
+    assert_eq!(
+        (report.completed, report.rejected, report.unrouted),
+        (0, 0, 4)
+    );
+
+    // Asks to be woken "now" forever without deciding: the run still ends.
+    let mut restless = Refuser {
+        decide: false,
+        always_wake: true,
+        held: Vec::new(),
+    };
+    let report = run_quiet(&workload, &fleet(2, 1, 100.0), &mut restless);
+    assert_eq!(report.unrouted, 4);
+}
+
+/// Sends everything to a replica that does not exist.
+struct OutOfRange;
+
+impl SimRouter for OutOfRange {
+    fn name(&self) -> &str {
+        "out-of-range"
+    }
+    fn submit(&mut self, _now: f64, _req: &SimRequest, _fleet: &[ReplicaState]) {}
+    fn next_wakeup(&self) -> Option<f64> {
+        None
+    }
+    fn poll(&mut self, _now: f64, fleet: &[ReplicaState], out: &mut Vec<Decision>) {
+        out.push(Decision {
+            request: 0,
+            replica: Some(fleet.len()),
+            note: None,
+        });
+        out.push(Decision {
+            request: 99,
+            replica: Some(0),
+            note: None,
+        });
+    }
+    fn on_complete(&mut self, _now: f64, _request: u64, _replica: usize) {}
+}
+
+#[test]
+fn decisions_for_missing_replicas_reject_and_unknown_ids_are_ignored() {
+    let workload = vec![request(0, 0.0, distinct_prompt(1, 32), 1)];
+    let report = run_quiet(&workload, &fleet(2, 1, 100.0), &mut OutOfRange);
+    assert_eq!(
+        (report.completed, report.rejected, report.unrouted),
+        (0, 1, 0)
+    );
+}
+
+#[test]
+fn duplicate_ids_are_rejected_without_reaching_the_router() {
+    let workload = vec![
+        request(5, 0.0, distinct_prompt(1, 32), 1),
+        request(5, 1.0, distinct_prompt(2, 32), 1),
+    ];
+    let report = run_quiet(&workload, &fleet(1, 4, 100.0), &mut RoundRobin::new());
+    assert_eq!((report.completed, report.rejected), (1, 1));
+    assert_eq!(report.replica_load.served_per_replica, vec![1]);
+}
+
+#[test]
+fn progress_is_monotonic_and_ends_complete() {
+    let workload: Vec<SimRequest> = (0..250)
+        .map(|i| request(i, i as f64, distinct_prompt(i as u32, 32), 2))
+        .collect();
+    let mut seen = Vec::new();
+    run(
+        &workload,
+        &fleet(4, 8, 100.0),
+        &mut LeastInFlight::new(),
+        &mut |done, total| seen.push((done, total)),
+    );
+    assert_eq!(seen.last(), Some(&(250, 250)));
+    assert!(seen.windows(2).all(|w| w[0].0 <= w[1].0));
+    assert!(seen.len() <= 102, "{} progress calls", seen.len());
+}
+
+#[test]
+fn same_seed_gives_identical_reports() {
+    let params = RlRolloutParams {
+        prompts: 6,
+        samples: 4,
+        steps: 2,
+        step_interval_ms: 5_000.0,
+        prompt_tokens_min: 100,
+        prompt_tokens_max: 300,
+        output_tokens_min: 10,
+        output_tokens_max: 40,
+        ..RlRolloutParams::default()
+    };
+    let fleet = fleet(3, 4, 100.0);
+    let render = |seed: u64| {
+        let workload = RlRolloutParams {
+            seed,
+            ..params.clone()
+        }
+        .generate();
+        let a = run_quiet(&workload, &fleet, &mut LeastInFlight::new());
+        let b = run_quiet(&workload, &fleet, &mut RoundRobin::new());
+        serde_json::to_string(&[a, b]).unwrap()
+    };
+    assert_eq!(render(7), render(7));
+    assert_ne!(render(7), render(8));
+}
+
+#[test]
+fn rl_step_prefills_match_the_analytic_burst_model() {
+    // One default step (32 prompts × 16 samples) on 8 replicas: spreading a group's 16
+    // samples prefills its prompt min(n, R) = 8 times; co-locating it, once.
+    let workload = RlRolloutParams {
+        steps: 1,
+        ..RlRolloutParams::default()
+    }
+    .generate();
+    let fleet = FleetConfig::default();
+    let rr = run_quiet(&workload, &fleet, &mut RoundRobin::new());
+    let lif = run_quiet(&workload, &fleet, &mut LeastInFlight::new());
+    let grouped = run_quiet(
+        &workload,
+        &fleet,
+        &mut ByGroup {
+            decided: Vec::new(),
+        },
+    );
+    assert_eq!(rr.prefills_per_prompt_per_step, Some(8.0));
+    assert_eq!(lif.prefills_per_prompt_per_step, Some(8.0));
+    assert_eq!(grouped.prefills_per_prompt_per_step, Some(1.0));
+    assert_eq!(
+        grouped.prefill_tokens_computed,
+        grouped.prefill_tokens_ideal
+    );
+    assert!(rr.prefill_tokens_computed > 7 * rr.prefill_tokens_ideal);
+    assert_eq!(rr.completed, 512);
+    if let Some(dir) = std::env::var_os("SIM_REPORT_DIR") {
+        crate::sim::write_reports(std::path::Path::new(&dir), &[rr, lif, grouped]).unwrap();
+    }
+}
+
+/// Not a timing assertion: run with `--release -- --ignored` to see how long 10,000 requests take.
+#[test]
+#[ignore]
+fn ten_thousand_requests() {
+    let workload = RlRolloutParams {
+        prompts: 125,
+        samples: 16,
+        steps: 5,
+        ..RlRolloutParams::default()
+    }
+    .generate();
+    assert_eq!(workload.len(), 10_000);
+    let started = std::time::Instant::now();
+    let report = run_quiet(&workload, &FleetConfig::default(), &mut RoundRobin::new());
+    eprintln!("10,000 requests simulated in {:?}", started.elapsed());
+    assert_eq!(report.completed, 10_000);
+}

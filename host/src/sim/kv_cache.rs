@@ -1,0 +1,206 @@
+//! A replica's prefix cache: a fixed-capacity LRU set of chained block hashes.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Block hashes are XXH64 outputs, already uniformly spread, so the map uses them as they are.
+#[derive(Default)]
+pub(crate) struct PassThroughHasher(u64);
+
+impl Hasher for PassThroughHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v;
+    }
+}
+
+pub(crate) type HashBuild = BuildHasherDefault<PassThroughHasher>;
+
+const NIL: u32 = u32::MAX;
+
+#[derive(Debug, Clone, Copy)]
+struct Node {
+    hash: u64,
+    /// Towards the least recently used end.
+    older: u32,
+    /// Towards the most recently used end.
+    newer: u32,
+}
+
+/// LRU set of block hashes with O(1) lookup, touch and insert.
+#[derive(Debug)]
+pub struct BlockCache {
+    capacity: usize,
+    slots: HashMap<u64, u32, HashBuild>,
+    nodes: Vec<Node>,
+    /// Least recently used node.
+    oldest: u32,
+    /// Most recently used node.
+    newest: u32,
+}
+
+impl BlockCache {
+    /// An empty cache holding at most `capacity` blocks (at least one).
+    pub fn new(capacity: usize) -> Self {
+        BlockCache {
+            capacity: capacity.max(1),
+            slots: HashMap::default(),
+            nodes: Vec::new(),
+            oldest: NIL,
+            newest: NIL,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    pub fn contains(&self, hash: u64) -> bool {
+        self.slots.contains_key(&hash)
+    }
+
+    /// Number of leading hashes of `chain` present in the cache, without touching them.
+    pub fn matched_prefix(&self, chain: &[u64]) -> usize {
+        chain.iter().take_while(|h| self.contains(**h)).count()
+    }
+
+    /// Marks `hash` most recently used if present; returns whether it was.
+    pub fn touch(&mut self, hash: u64) -> bool {
+        match self.slots.get(&hash) {
+            Some(&slot) => {
+                self.unlink(slot);
+                self.push_newest(slot);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Inserts (or refreshes) a prompt's block chain so that its *first* block ends up most
+    /// recently used: deeper blocks are evicted before the prefix they extend, so an eviction
+    /// shortens cached prefixes instead of breaking them at the root.
+    pub fn insert_chain(&mut self, chain: &[u64]) {
+        for &h in chain.iter().rev() {
+            self.insert(h);
+        }
+    }
+
+    /// Inserts `hash` as most recently used, evicting the least recently used block when full.
+    pub fn insert(&mut self, hash: u64) {
+        if self.touch(hash) {
+            return;
+        }
+        let slot = if self.nodes.len() < self.capacity {
+            self.nodes.push(Node {
+                hash,
+                older: NIL,
+                newer: NIL,
+            });
+            (self.nodes.len() - 1) as u32
+        } else {
+            let victim = self.oldest;
+            self.unlink(victim);
+            self.slots.remove(&self.nodes[victim as usize].hash);
+            self.nodes[victim as usize].hash = hash;
+            victim
+        };
+        self.slots.insert(hash, slot);
+        self.push_newest(slot);
+    }
+
+    fn unlink(&mut self, slot: u32) {
+        let Node { older, newer, .. } = self.nodes[slot as usize];
+        if older == NIL {
+            self.oldest = newer;
+        } else {
+            self.nodes[older as usize].newer = newer;
+        }
+        if newer == NIL {
+            self.newest = older;
+        } else {
+            self.nodes[newer as usize].older = older;
+        }
+    }
+
+    fn push_newest(&mut self, slot: u32) {
+        let node = &mut self.nodes[slot as usize];
+        node.older = self.newest;
+        node.newer = NIL;
+        if self.newest == NIL {
+            self.oldest = slot;
+        } else {
+            self.nodes[self.newest as usize].newer = slot;
+        }
+        self.newest = slot;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn evicts_least_recently_used() {
+        let mut c = BlockCache::new(3);
+        c.insert(1);
+        c.insert(2);
+        c.insert(3);
+        assert!(c.touch(1));
+        c.insert(4);
+        assert!(!c.contains(2));
+        assert!(c.contains(1) && c.contains(3) && c.contains(4));
+        assert_eq!(c.len(), 3);
+    }
+
+    #[test]
+    fn chain_root_outlives_its_extensions() {
+        let mut c = BlockCache::new(4);
+        c.insert_chain(&[10, 11, 12, 13]);
+        c.insert_chain(&[20, 21]);
+        // Evicted: 13 then 12, the deepest blocks of the first chain.
+        assert_eq!(c.matched_prefix(&[10, 11, 12, 13]), 2);
+        assert_eq!(c.matched_prefix(&[20, 21]), 2);
+        assert_eq!(c.len(), 4);
+    }
+
+    #[test]
+    fn matched_prefix_stops_at_first_miss() {
+        let mut c = BlockCache::new(8);
+        c.insert_chain(&[1, 2, 4]);
+        assert_eq!(c.matched_prefix(&[1, 2, 3, 4]), 2);
+        assert_eq!(c.matched_prefix(&[5, 1]), 0);
+        assert_eq!(c.matched_prefix(&[]), 0);
+    }
+
+    #[test]
+    fn reinserting_refreshes_without_growing() {
+        let mut c = BlockCache::new(2);
+        c.insert(1);
+        c.insert(2);
+        c.insert(1);
+        c.insert(3);
+        assert!(c.contains(1) && c.contains(3) && !c.contains(2));
+        assert_eq!(c.len(), 2);
+    }
+
+    #[test]
+    fn capacity_one_keeps_latest() {
+        let mut c = BlockCache::new(1);
+        c.insert_chain(&[1, 2, 3]);
+        assert!(c.contains(1));
+        assert_eq!(c.len(), 1);
+    }
+}

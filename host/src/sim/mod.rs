@@ -1,0 +1,20 @@
+//! Discrete-event simulation of a replica fleet.
+//!
+//! A workload ([`workload`]) is replayed in virtual time against modelled model-server
+//! replicas ([`replica`]), with a [`SimRouter`] deciding where each request goes; [`run`]
+//! drives the events and returns a [`PipelineReport`], which [`write_reports`] and
+//! [`render_table`] present.
+
+pub mod config;
+pub mod engine;
+pub mod kv_cache;
+pub mod replica;
+pub mod report;
+pub mod router;
+pub mod workload;
+
+pub use config::{FleetConfig, ParamError};
+pub use engine::run;
+pub use report::{render_table, write_reports, PipelineReport};
+pub use router::{Decision, LeastInFlight, ReplicaState, RoundRobin, SimRequest, SimRouter};
+pub use workload::{parse_trace, read_trace, Workload, WorkloadError};

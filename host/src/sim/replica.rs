@@ -1,0 +1,224 @@
+//! The model of one model-server replica: admission to a bounded batch, serial prefill that
+//! skips the cached prefix, concurrent decode, and the prefix cache it fills.
+//!
+//! A request sent to a replica takes a batch slot if fewer than `maxRunningSequences` are
+//! taken, otherwise it waits in a FIFO queue for one. Admitted requests are prefilled one at a
+//! time, in admission order, at `prefillTokensPerSecond`. When a prefill starts, the replica
+//! looks up the request's full-block hash chain in its cache; the longest cached prefix is
+//! free and only the remaining prompt tokens are charged (a partial last block is never cached,
+//! so it is always computed). When the prefill ends the request has its first token and its
+//! full blocks enter the cache. It then decodes its remaining `output_tokens - 1` tokens at
+//! `decodeTokensPerSecond`, independently of other sequences, and frees its slot. Generated
+//! tokens are not cached.
+
+use super::config::FleetConfig;
+use super::kv_cache::BlockCache;
+use super::router::ReplicaState;
+use std::collections::VecDeque;
+use std::ops::Range;
+
+/// A request as a replica sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Job {
+    /// The engine's index of the request.
+    pub request: usize,
+    pub prompt_tokens: u32,
+    pub output_tokens: u32,
+    /// The request's full-block hash chain, as a range of the engine's hash store.
+    pub blocks: Range<usize>,
+}
+
+/// A prefill that has just started.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrefillStart {
+    pub request: usize,
+    pub cached_tokens: u32,
+    pub computed_tokens: u32,
+    /// When its first token is out.
+    pub done_at: f64,
+}
+
+/// A prefill that has just ended.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PrefillEnd {
+    pub request: usize,
+    /// When its last token is out.
+    pub done_at: f64,
+}
+
+/// One simulated replica.
+#[derive(Debug)]
+pub struct Replica {
+    cache: BlockCache,
+    block_size: u64,
+    capacity_blocks: u64,
+    prefill_ms_per_token: f64,
+    decode_ms_per_token: f64,
+    max_running: u32,
+    /// Requests waiting for a batch slot.
+    waiting: VecDeque<Job>,
+    /// Admitted requests waiting for the prefill engine.
+    prefill_queue: VecDeque<Job>,
+    prefilling: Option<Job>,
+    running: u32,
+    footprint_blocks: u64,
+    in_flight_tokens: u64,
+    stats: ReplicaStats,
+}
+
+/// What a replica did over a run.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReplicaStats {
+    pub prefill_tokens_computed: u64,
+    pub cached_tokens: u64,
+    /// Requests dispatched to the replica.
+    pub served: u64,
+    /// Highest running + waiting.
+    pub peak_load: u32,
+    /// `(time, running + waiting)` at every change.
+    pub load_points: Vec<(f64, u32)>,
+}
+
+impl Replica {
+    /// An idle replica with an empty cache. `cfg` is assumed validated.
+    pub fn new(cfg: &FleetConfig) -> Self {
+        Replica {
+            cache: BlockCache::new(cfg.cache_capacity_blocks),
+            block_size: cfg.block_size_tokens.max(1) as u64,
+            capacity_blocks: cfg.cache_capacity_blocks.max(1) as u64,
+            prefill_ms_per_token: 1000.0 / cfg.prefill_tokens_per_second,
+            decode_ms_per_token: 1000.0 / cfg.decode_tokens_per_second,
+            max_running: cfg.max_running_sequences.max(1),
+            waiting: VecDeque::new(),
+            prefill_queue: VecDeque::new(),
+            prefilling: None,
+            running: 0,
+            footprint_blocks: 0,
+            in_flight_tokens: 0,
+            stats: ReplicaStats::default(),
+        }
+    }
+
+    /// The router's view of this replica.
+    pub fn state(&self) -> ReplicaState {
+        ReplicaState {
+            running: self.running,
+            waiting: self.waiting.len() as u32,
+            kv_usage: (self.footprint_blocks as f64 / self.capacity_blocks as f64).min(1.0),
+            in_flight_tokens: self.in_flight_tokens,
+        }
+    }
+
+    pub fn load(&self) -> u32 {
+        self.running + self.waiting.len() as u32
+    }
+
+    pub fn stats(&self) -> &ReplicaStats {
+        &self.stats
+    }
+
+    pub fn cache(&self) -> &BlockCache {
+        &self.cache
+    }
+
+    pub fn into_stats(self) -> ReplicaStats {
+        self.stats
+    }
+
+    /// Takes a request routed here at `now`. Returns the prefill it starts, if the replica was
+    /// idle enough to start one at once.
+    pub fn dispatch(&mut self, now: f64, job: Job, store: &[u64]) -> Option<PrefillStart> {
+        self.stats.served += 1;
+        self.in_flight_tokens += u64::from(job.prompt_tokens);
+        if self.running < self.max_running {
+            self.admit(job);
+        } else {
+            self.waiting.push_back(job);
+        }
+        self.record_load(now);
+        self.start_prefill(now, store)
+    }
+
+    /// Ends the current prefill at `now` (the engine calls this at the `done_at` it was given).
+    /// Returns the ended prefill, if one was running, and the next prefill it starts.
+    pub fn finish_prefill(
+        &mut self,
+        now: f64,
+        store: &[u64],
+    ) -> (Option<PrefillEnd>, Option<PrefillStart>) {
+        let Some(job) = self.prefilling.take() else {
+            return (None, None);
+        };
+        self.cache.insert_chain(&store[job.blocks.clone()]);
+        let decode_ms = f64::from(job.output_tokens.saturating_sub(1)) * self.decode_ms_per_token;
+        let end = PrefillEnd {
+            request: job.request,
+            done_at: now + decode_ms,
+        };
+        (Some(end), self.start_prefill(now, store))
+    }
+
+    /// The request in `job` produced its last token at `now`: frees its slot and admits the
+    /// next waiting request. Returns the prefill that starts as a result, if any.
+    pub fn complete(&mut self, now: f64, job: &Job, store: &[u64]) -> Option<PrefillStart> {
+        self.running = self.running.saturating_sub(1);
+        self.footprint_blocks = self.footprint_blocks.saturating_sub(self.footprint_of(job));
+        self.in_flight_tokens = self
+            .in_flight_tokens
+            .saturating_sub(u64::from(job.prompt_tokens));
+        if self.running < self.max_running {
+            if let Some(next) = self.waiting.pop_front() {
+                self.admit(next);
+            }
+        }
+        self.record_load(now);
+        self.start_prefill(now, store)
+    }
+
+    fn admit(&mut self, job: Job) {
+        self.running += 1;
+        self.footprint_blocks += self.footprint_of(&job);
+        self.prefill_queue.push_back(job);
+    }
+
+    fn footprint_of(&self, job: &Job) -> u64 {
+        (u64::from(job.prompt_tokens) + u64::from(job.output_tokens)).div_ceil(self.block_size)
+    }
+
+    fn start_prefill(&mut self, now: f64, store: &[u64]) -> Option<PrefillStart> {
+        if self.prefilling.is_some() {
+            return None;
+        }
+        let job = self.prefill_queue.pop_front()?;
+        let chain = &store[job.blocks.clone()];
+        let matched = self.cache.matched_prefix(chain);
+        for &h in &chain[..matched] {
+            self.cache.touch(h);
+        }
+        let cached = (matched as u64 * self.block_size).min(u64::from(job.prompt_tokens)) as u32;
+        let computed = job.prompt_tokens - cached;
+        self.stats.cached_tokens += u64::from(cached);
+        self.stats.prefill_tokens_computed += u64::from(computed);
+        let start = PrefillStart {
+            request: job.request,
+            cached_tokens: cached,
+            computed_tokens: computed,
+            done_at: now + f64::from(computed) * self.prefill_ms_per_token,
+        };
+        self.prefilling = Some(job);
+        Some(start)
+    }
+
+    fn record_load(&mut self, now: f64) {
+        let load = self.load();
+        self.stats.peak_load = self.stats.peak_load.max(load);
+        match self.stats.load_points.last_mut() {
+            Some(last) if last.0 == now => last.1 = load,
+            Some(last) if last.1 == load => {}
+            _ => self.stats.load_points.push((now, load)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,172 @@
+use super::*;
+use crate::sim::config::FleetConfig;
+use crate::sim::engine::run;
+use crate::sim::router::{LeastInFlight, RoundRobin, SimRequest};
+
+#[test]
+fn nearest_rank_percentiles() {
+    let v = [15.0, 20.0, 35.0, 40.0, 50.0];
+    assert_eq!(percentile(&v, 0.0), 15.0);
+    assert_eq!(percentile(&v, 5.0), 15.0);
+    assert_eq!(percentile(&v, 30.0), 20.0);
+    assert_eq!(percentile(&v, 40.0), 20.0);
+    assert_eq!(percentile(&v, 50.0), 35.0);
+    assert_eq!(percentile(&v, 100.0), 50.0);
+    assert_eq!(percentile(&[], 50.0), 0.0);
+    let hundred: Vec<f64> = (1..=100).map(f64::from).collect();
+    assert_eq!(percentile(&hundred, 99.0), 99.0);
+    let mut unsorted = [3.0, 1.0, 2.0, 10.0];
+    assert_eq!(
+        Summary::of(&mut unsorted),
+        Summary {
+            count: 4,
+            mean: 4.0,
+            p50: 2.0,
+            p99: 10.0
+        }
+    );
+}
+
+fn workload() -> Vec<SimRequest> {
+    (0..6)
+        .map(|i| SimRequest {
+            id: i,
+            arrival_ms: 100.0 * i as f64,
+            model: "m".into(),
+            cache_salt: String::new(),
+            tokens: (0..320).map(|t| t + 1000 * (i as u32 % 2)).collect(),
+            output_tokens: 11,
+            group: i % 2,
+            step: Some(0),
+        })
+        .collect()
+}
+
+fn fleet() -> FleetConfig {
+    FleetConfig {
+        replicas: 2,
+        max_running_sequences: 1,
+        ..FleetConfig::default()
+    }
+}
+
+fn reports() -> Vec<PipelineReport> {
+    let w = workload();
+    vec![
+        run(&w, &fleet(), &mut RoundRobin::new(), &mut |_, _| {}),
+        run(&w, &fleet(), &mut LeastInFlight::new(), &mut |_, _| {}),
+    ]
+}
+
+fn keys(v: &serde_json::Value) -> Vec<String> {
+    let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+    k.sort();
+    k
+}
+
+fn sorted(names: &[&str]) -> Vec<String> {
+    let mut k: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    k.sort();
+    k
+}
+
+#[test]
+fn report_json_has_the_documented_keys() {
+    let dir = std::env::temp_dir().join(format!("switchyard-sim-report-{}", std::process::id()));
+    let reports = reports();
+    write_reports(&dir, &reports).unwrap();
+    let text = std::fs::read_to_string(dir.join("report.json")).unwrap();
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let array = json.as_array().unwrap();
+    assert_eq!(array.len(), 2);
+    let first = &array[0];
+    assert_eq!(
+        keys(first),
+        sorted(&[
+            "name",
+            "requests",
+            "completed",
+            "rejected",
+            "unrouted",
+            "prompt_tokens",
+            "prefill_tokens_computed",
+            "prefill_tokens_cached",
+            "prefill_tokens_ideal",
+            "cache_hit_rate",
+            "ttft_ms",
+            "e2e_ms",
+            "router_wait_ms",
+            "replica_load",
+            "prefills_per_prompt_per_step",
+            "makespan_ms",
+            "ttft_cdf_ms",
+            "load_series",
+        ])
+    );
+    for summary in ["ttft_ms", "e2e_ms", "router_wait_ms"] {
+        assert_eq!(
+            keys(&first[summary]),
+            sorted(&["count", "mean", "p50", "p99"])
+        );
+    }
+    assert_eq!(
+        keys(&first["replica_load"]),
+        sorted(&[
+            "max",
+            "mean",
+            "peak_per_replica",
+            "served_per_replica",
+            "prefill_tokens_computed_per_replica",
+            "prefill_tokens_cached_per_replica",
+        ])
+    );
+    assert_eq!(
+        keys(&first["load_series"]),
+        sorted(&["bucket_ms", "per_replica"])
+    );
+    assert_eq!(first["name"], "round-robin");
+    assert_eq!(array[1]["name"], "least-in-flight");
+    assert_eq!(first["ttft_cdf_ms"].as_array().unwrap().len(), 101);
+
+    assert!(html.starts_with("<!DOCTYPE html>"));
+    assert!(html.contains("round-robin: load over time"));
+    assert!(html.contains("least-in-flight: load over time"));
+    assert_eq!(html.matches("<svg").count(), 3);
+    assert!(!html.contains("<script"));
+}
+
+#[test]
+fn load_series_keeps_the_peak_of_each_bucket() {
+    // Round robin: replica 0 gets requests 0, 2, 4 (arriving at 0, 200, 400 ms), replica 1
+    // gets 1, 3, 5 (100, 300, 500 ms). Each holds its single slot for 220 ms (the first of a
+    // group prefills 320 tokens in 20 ms, the rest hit the cache; 10 more tokens take 200 ms),
+    // so each later request waits: replica 0 is busy until 620 ms, replica 1 until 720 ms.
+    let report = &reports()[0];
+    assert_eq!(report.makespan_ms, 720.0);
+    assert_eq!(report.replica_load.peak_per_replica, vec![2, 2]);
+    let series = &report.load_series;
+    assert_eq!(series.bucket_ms, 3.6);
+    assert_eq!(series.per_replica.len(), 2);
+    assert!(series.per_replica.iter().all(|b| b.len() == 200));
+    let (r0, r1) = (&series.per_replica[0], &series.per_replica[1]);
+    // Bucket 55 is [198, 201.6) ms, 83 is [298.8, 302.4) ms, 27 is [97.2, 100.8) ms.
+    assert_eq!((r0[0], r0[54], r0[55], r0[199]), (1, 1, 2, 0));
+    assert_eq!((r1[0], r1[26], r1[27], r1[83], r1[199]), (0, 0, 1, 2, 1));
+}
+
+#[test]
+fn terminal_table_has_a_row_per_pipeline() {
+    let table = render_table(&reports());
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 3);
+    assert!(lines[0].starts_with("pipeline"));
+    assert!(lines[1].starts_with("round-robin "));
+    assert!(lines[2].starts_with("least-in-flight "));
+    assert!(lines[1].contains("6/6"));
+    // Columns line up: every line puts the "done" column's right edge at the same place.
+    let edge = |l: &str, cell: &str| l.find(cell).map(|i| i + cell.len());
+    assert_eq!(edge(lines[0], "done"), edge(lines[1], "6/6"));
+}

@@ -1,0 +1,126 @@
+//! Shared-prefix groups: `groups` system prompts, each followed by `promptsPerGroup` distinct
+//! questions, arriving in random order as a Poisson process.
+
+use super::{exponential, number_by_arrival, push_random_tokens};
+use crate::sim::config::{check_float, check_range, ParamError};
+use crate::sim::router::SimRequest;
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde::Deserialize;
+
+/// Parameters of the `shared-prefix` workload.
+///
+/// Prompt `(g, q)` is group `g`'s system prompt (`systemPromptTokens` tokens, identical within
+/// the group) followed by its own question (`questionTokens` tokens); it carries the group tag
+/// `g`. The `groups × promptsPerGroup` prompts are shuffled and arrive as a Poisson process at
+/// `requestsPerSecond`, the first at 0 ms.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct SharedPrefixParams {
+    /// Seed of the generator.
+    pub seed: u64,
+    pub model: String,
+    pub cache_salt: String,
+    /// Groups (1..=100000).
+    pub groups: u32,
+    /// Prompts per group (1..=100000).
+    pub prompts_per_group: u32,
+    /// Shared system prompt, tokens (0..=1000000).
+    pub system_prompt_tokens: u32,
+    /// Question after the system prompt, tokens (0..=1000000).
+    pub question_tokens: u32,
+    /// Output per request, tokens (1..=1000000).
+    pub output_tokens: u32,
+    /// Mean arrival rate (> 0, ≤ 1e6).
+    pub requests_per_second: f64,
+}
+
+impl Default for SharedPrefixParams {
+    fn default() -> Self {
+        SharedPrefixParams {
+            seed: 1,
+            model: "sim-model".to_string(),
+            cache_salt: String::new(),
+            groups: 64,
+            prompts_per_group: 16,
+            system_prompt_tokens: 2048,
+            question_tokens: 128,
+            output_tokens: 256,
+            requests_per_second: 16.0,
+        }
+    }
+}
+
+impl SharedPrefixParams {
+    pub fn validate(&self) -> Result<(), ParamError> {
+        check_range("groups", self.groups, 1, 100_000)?;
+        check_range("promptsPerGroup", self.prompts_per_group, 1, 100_000)?;
+        check_range(
+            "systemPromptTokens",
+            self.system_prompt_tokens,
+            0,
+            1_000_000,
+        )?;
+        check_range("questionTokens", self.question_tokens, 0, 1_000_000)?;
+        if self.system_prompt_tokens == 0 && self.question_tokens == 0 {
+            return Err(ParamError::new(
+                "questionTokens",
+                "questionTokens must be >= 1 when systemPromptTokens is 0 (got 0)".to_string(),
+            ));
+        }
+        check_range("outputTokens", self.output_tokens, 1, 1_000_000)?;
+        check_float(
+            "requestsPerSecond",
+            self.requests_per_second,
+            0.0,
+            true,
+            1e6,
+        )?;
+        let total = u64::from(self.groups) * u64::from(self.prompts_per_group);
+        if total > 10_000_000 {
+            return Err(ParamError::new(
+                "promptsPerGroup",
+                format!("groups × promptsPerGroup must be at most 10000000 (got {total})"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn generate(&self) -> Vec<SimRequest> {
+        let mut rng = SmallRng::seed_from_u64(self.seed);
+        let mut order: Vec<(u32, u32)> = (0..self.groups)
+            .flat_map(|g| (0..self.prompts_per_group).map(move |q| (g, q)))
+            .collect();
+        let mut systems = Vec::with_capacity(self.groups as usize);
+        for _ in 0..self.groups {
+            let mut tokens = Vec::with_capacity(self.system_prompt_tokens as usize);
+            push_random_tokens(&mut rng, self.system_prompt_tokens, &mut tokens);
+            systems.push(tokens);
+        }
+        order.shuffle(&mut rng);
+        let mean_gap_ms = 1000.0 / self.requests_per_second;
+        let mut now = 0.0;
+        let mut requests = Vec::with_capacity(order.len());
+        for (i, &(g, _q)) in order.iter().enumerate() {
+            if i > 0 {
+                now += exponential(&mut rng, mean_gap_ms);
+            }
+            let system = &systems[g as usize];
+            let mut tokens = Vec::with_capacity(system.len() + self.question_tokens as usize);
+            tokens.extend_from_slice(system);
+            push_random_tokens(&mut rng, self.question_tokens, &mut tokens);
+            requests.push(SimRequest {
+                id: 0,
+                arrival_ms: now,
+                model: self.model.clone(),
+                cache_salt: self.cache_salt.clone(),
+                tokens,
+                output_tokens: self.output_tokens,
+                group: u64::from(g),
+                step: None,
+            });
+        }
+        number_by_arrival(requests)
+    }
+}

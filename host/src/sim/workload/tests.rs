@@ -1,0 +1,317 @@
+use super::*;
+use serde_json::json;
+
+fn small_rl() -> RlRolloutParams {
+    RlRolloutParams {
+        prompts: 3,
+        samples: 4,
+        steps: 2,
+        step_interval_ms: 1000.0,
+        prompt_tokens_min: 20,
+        prompt_tokens_max: 40,
+        output_tokens_min: 5,
+        output_tokens_max: 9,
+        ..RlRolloutParams::default()
+    }
+}
+
+#[test]
+fn rl_defaults_are_32_prompts_by_16_samples_over_4_steps() {
+    let p = RlRolloutParams::default();
+    assert_eq!((p.prompts, p.samples, p.steps), (32, 16, 4));
+    assert_eq!((p.prompt_tokens_min, p.prompt_tokens_max), (1024, 4096));
+    assert_eq!((p.output_tokens_min, p.output_tokens_max), (128, 512));
+    p.validate().unwrap();
+    let w = p.generate();
+    assert_eq!(w.len(), 32 * 16 * 4);
+    for step in 0..4u32 {
+        let in_step: Vec<_> = w.iter().filter(|r| r.step == Some(step)).collect();
+        assert_eq!(in_step.len(), 512);
+        assert!(in_step
+            .iter()
+            .all(|r| r.arrival_ms == f64::from(step) * 30_000.0));
+    }
+}
+
+#[test]
+fn rl_samples_of_a_prompt_are_identical_and_prompts_differ() {
+    let p = small_rl();
+    let w = p.generate();
+    assert_eq!(w.len(), 3 * 4 * 2);
+    assert_eq!(
+        w.iter().map(|r| r.id).collect::<Vec<_>>(),
+        (0..24).collect::<Vec<_>>()
+    );
+    for r in &w {
+        assert!((20..=40).contains(&r.tokens.len()));
+        assert!((5..=9).contains(&r.output_tokens));
+        let step = r.step.unwrap();
+        assert_eq!(r.arrival_ms, f64::from(step) * 1000.0);
+        assert_eq!(r.group / 3, u64::from(step));
+        assert_eq!(r.model, "sim-model");
+    }
+    for g in 0..6u64 {
+        let members: Vec<_> = w.iter().filter(|r| r.group == g).collect();
+        assert_eq!(members.len(), 4);
+        assert!(members.iter().all(|r| r.tokens == members[0].tokens));
+    }
+    let firsts: Vec<&Vec<u32>> = (0..6u64)
+        .map(|g| &w.iter().find(|r| r.group == g).unwrap().tokens)
+        .collect();
+    for i in 0..6 {
+        for j in i + 1..6 {
+            assert_ne!(firsts[i], firsts[j]);
+        }
+    }
+}
+
+#[test]
+fn rl_arrival_order_is_grouped_or_interleaved() {
+    let grouped = small_rl().generate();
+    let groups: Vec<u64> = grouped.iter().take(12).map(|r| r.group).collect();
+    assert_eq!(groups, [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]);
+    let interleaved = RlRolloutParams {
+        interleaved: true,
+        ..small_rl()
+    }
+    .generate();
+    let groups: Vec<u64> = interleaved.iter().take(12).map(|r| r.group).collect();
+    assert_eq!(groups, [0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 1, 2]);
+}
+
+#[test]
+fn shared_prefix_groups_share_exactly_the_system_prompt() {
+    let p = SharedPrefixParams {
+        groups: 3,
+        prompts_per_group: 4,
+        system_prompt_tokens: 32,
+        question_tokens: 8,
+        output_tokens: 7,
+        requests_per_second: 100.0,
+        ..SharedPrefixParams::default()
+    };
+    p.validate().unwrap();
+    let w = p.generate();
+    assert_eq!(w.len(), 12);
+    assert_eq!(w[0].arrival_ms, 0.0);
+    assert!(w.windows(2).all(|p| p[0].arrival_ms <= p[1].arrival_ms));
+    for g in 0..3u64 {
+        let members: Vec<_> = w.iter().filter(|r| r.group == g).collect();
+        assert_eq!(members.len(), 4);
+        for r in &members {
+            assert_eq!(r.tokens.len(), 40);
+            assert_eq!(r.tokens[..32], members[0].tokens[..32]);
+            assert_eq!(r.output_tokens, 7);
+            assert_eq!(r.step, None);
+        }
+        for i in 0..4 {
+            for j in i + 1..4 {
+                assert_ne!(members[i].tokens[32..], members[j].tokens[32..]);
+            }
+        }
+    }
+    let system = |g: u64| w.iter().find(|r| r.group == g).unwrap().tokens[..32].to_vec();
+    assert_ne!(system(0), system(1));
+    assert_ne!(system(1), system(2));
+}
+
+#[test]
+fn shared_prefix_defaults() {
+    let p = SharedPrefixParams::default();
+    assert_eq!((p.groups, p.prompts_per_group), (64, 16));
+    assert_eq!(
+        (p.system_prompt_tokens, p.question_tokens, p.output_tokens),
+        (2048, 128, 256)
+    );
+    p.validate().unwrap();
+}
+
+#[test]
+fn multi_turn_prompts_extend_the_previous_turn() {
+    let p = MultiTurnParams {
+        sessions: 2,
+        turns: 3,
+        system_prompt_tokens: 16,
+        user_tokens_min: 4,
+        user_tokens_max: 8,
+        output_tokens_min: 2,
+        output_tokens_max: 5,
+        think_time_ms: 1000.0,
+        ..MultiTurnParams::default()
+    };
+    p.validate().unwrap();
+    let w = p.generate();
+    assert_eq!(w.len(), 6);
+    for s in 0..2u64 {
+        let turns: Vec<_> = w.iter().filter(|r| r.group == s).collect();
+        assert_eq!(turns.len(), 3);
+        assert!((16 + 4..=16 + 8).contains(&turns[0].tokens.len()));
+        for t in 1..3 {
+            let (prev, next) = (turns[t - 1], turns[t]);
+            assert!(next.tokens.starts_with(&prev.tokens));
+            let added = next.tokens.len() - prev.tokens.len() - prev.output_tokens as usize;
+            assert!((4..=8).contains(&added), "user message of {added} tokens");
+            let gap = next.arrival_ms - prev.arrival_ms;
+            assert!((500.0..=1500.0).contains(&gap), "think time {gap}");
+        }
+    }
+}
+
+#[test]
+fn same_seed_same_requests_other_seed_other_requests() {
+    let a = Workload::from_name("shared-prefix", json!({"groups": 2, "seed": 3})).unwrap();
+    let b = Workload::from_name("shared-prefix", json!({"groups": 2, "seed": 3})).unwrap();
+    let c = Workload::from_name("shared-prefix", json!({"groups": 2, "seed": 4})).unwrap();
+    assert_eq!(a.generate(), b.generate());
+    assert_ne!(a.generate(), c.generate());
+    let m = MultiTurnParams::default();
+    assert_eq!(m.generate(), m.generate());
+}
+
+#[test]
+fn workloads_by_name_with_overrides() {
+    let w = Workload::from_name(
+        "rl-rollout",
+        json!({"prompts": 2, "samples": 3, "steps": 1}),
+    )
+    .unwrap();
+    assert_eq!(w.name(), "rl-rollout");
+    assert_eq!(w.generate().len(), 6);
+    let w = Workload::from_name("multi-turn", serde_json::Value::Null).unwrap();
+    assert_eq!(w, Workload::MultiTurn(MultiTurnParams::default()));
+
+    let err = Workload::from_name("rl", json!({})).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "unknown workload `rl` (expected one of: rl-rollout, shared-prefix, multi-turn)"
+    );
+    let err = Workload::from_name("rl-rollout", json!({"prompt": 2})).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("workload rl-rollout: unknown field `prompt`"),
+        "{err}"
+    );
+}
+
+#[test]
+fn invalid_parameters_name_field_value_and_range() {
+    let err = Workload::from_name("rl-rollout", json!({"samples": 0})).unwrap_err();
+    let WorkloadError::Invalid { source, .. } = &err else {
+        panic!("{err}");
+    };
+    assert_eq!(source.field, "samples");
+    assert_eq!(
+        err.to_string(),
+        "workload rl-rollout: samples must be in 1..=10000 (got 0)"
+    );
+
+    let err = RlRolloutParams {
+        prompt_tokens_max: 10,
+        ..RlRolloutParams::default()
+    }
+    .validate()
+    .unwrap_err();
+    assert_eq!(err.field, "promptTokensMax");
+    assert_eq!(
+        err.message,
+        "promptTokensMax must be >= promptTokensMin (1024) (got 10)"
+    );
+
+    let err = SharedPrefixParams {
+        requests_per_second: 0.0,
+        ..SharedPrefixParams::default()
+    }
+    .validate()
+    .unwrap_err();
+    assert_eq!(
+        err.message,
+        "requestsPerSecond must be in (0, 1000000] (got 0)"
+    );
+
+    let err = MultiTurnParams {
+        think_time_ms: -1.0,
+        ..MultiTurnParams::default()
+    }
+    .validate()
+    .unwrap_err();
+    assert_eq!(
+        err.message,
+        "thinkTimeMs must be in [0, 1000000000] (got -1)"
+    );
+}
+
+#[test]
+fn trace_lines_become_requests_in_arrival_order() {
+    let text = r#"{"arrival_ms": 5, "model": "m", "prompt": "hello world", "output_tokens": 3}
+
+{"arrival_ms": 1.5, "tokens": [1, 2, 3], "cache_salt": "s", "output_tokens": 9, "group": 4, "step": 2}
+"#;
+    let w = parse_trace(text).unwrap();
+    assert_eq!(w.len(), 2);
+    assert_eq!(w[0].id, 0);
+    assert_eq!(w[0].arrival_ms, 1.5);
+    assert_eq!(w[0].tokens, vec![1, 2, 3]);
+    assert_eq!(
+        (w[0].cache_salt.as_str(), w[0].group, w[0].step),
+        ("s", 4, Some(2))
+    );
+    assert_eq!(w[0].model, "");
+    assert_eq!(w[1].id, 1);
+    assert_eq!(w[1].model, "m");
+    assert_eq!(w[1].tokens, vec![1819043176, 1870078063, 6581362]);
+    assert_eq!(w[1].output_tokens, 3);
+}
+
+#[test]
+fn prompt_estimate_pads_the_last_word_with_zeros() {
+    assert_eq!(prompt_to_tokens("abcd"), vec![u32::from_le_bytes(*b"abcd")]);
+    assert_eq!(
+        prompt_to_tokens("abcde"),
+        vec![u32::from_le_bytes(*b"abcd"), 0x65]
+    );
+    assert_eq!(prompt_to_tokens(""), Vec::<u32>::new());
+}
+
+#[test]
+fn trace_errors_name_the_line() {
+    let good = r#"{"arrival_ms": 0, "tokens": [1], "output_tokens": 1}"#;
+    let cases = [
+        (r#"{"arrival_ms": 0, "tokens": [1]}"#, "trace line 3: missing field `output_tokens` (column 32)"),
+        (r#"{"arrival_ms": 0, "output_tokens": 1}"#, "trace line 3: missing `tokens` or `prompt`"),
+        (
+            r#"{"arrival_ms": 0, "tokens": [1], "prompt": "x", "output_tokens": 1}"#,
+            "trace line 3: give either `tokens` or `prompt`, not both",
+        ),
+        (
+            r#"{"arrival_ms": -2, "tokens": [1], "output_tokens": 1}"#,
+            "trace line 3: arrival_ms must be a finite number >= 0 (got -2)",
+        ),
+        (
+            r#"{"arrival_ms": 0, "tokens": [1], "output_tokens": 0}"#,
+            "trace line 3: output_tokens must be in 1..=4294967295 (got 0)",
+        ),
+        (r#"{"arrival_ms": 0, "prompt": "", "output_tokens": 1}"#, "trace line 3: the prompt is empty"),
+        (
+            r#"{"arrival_ms": 0, "tokens": [1], "output_tokens": 1, "extra": 1}"#,
+            "trace line 3: unknown field `extra`, expected one of `arrival_ms`, `output_tokens`, `tokens`, `prompt`, `model`, `cache_salt`, `group`, `step` (column 60)",
+        ),
+        ("not json", "trace line 3: expected ident (column 2)"),
+    ];
+    for (bad, expected) in cases {
+        let text = format!("{good}\n\n{bad}\n{good}\n");
+        let err = parse_trace(&text).unwrap_err();
+        assert!(matches!(err, TraceError::Line { line: 3, .. }));
+        assert_eq!(err.to_string(), expected);
+    }
+}
+
+#[test]
+fn missing_trace_file_names_the_path() {
+    let path = std::path::Path::new("no-such-dir/trace.jsonl");
+    let err = read_trace(path).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("cannot read trace no-such-dir/trace.jsonl: "),
+        "{err}"
+    );
+}

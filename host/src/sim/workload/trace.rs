@@ -1,0 +1,144 @@
+//! JSONL request traces: one request per line.
+//!
+//! Each non-blank line is an object with `arrival_ms` (≥ 0), `output_tokens` (≥ 1), exactly
+//! one of `tokens` (token ids) or `prompt` (text, turned into tokens by [`prompt_to_tokens`]),
+//! and optionally `model` and `cache_salt` (default empty), `group` (default 0) and `step`
+//! (default none). Unknown keys are refused. Requests are ordered by arrival (ties keep file
+//! order) and numbered from 0.
+
+use super::number_by_arrival;
+use crate::sim::router::SimRequest;
+use serde::Deserialize;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+/// A trace that could not be read.
+#[derive(Debug)]
+pub enum TraceError {
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// `line` counts from 1.
+    Line { line: usize, message: String },
+}
+
+impl fmt::Display for TraceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TraceError::Io { path, source } => {
+                write!(f, "cannot read trace {}: {source}", path.display())
+            }
+            TraceError::Line { line, message } => write!(f, "trace line {line}: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for TraceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TraceError::Io { source, .. } => Some(source),
+            TraceError::Line { .. } => None,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TraceLine {
+    arrival_ms: f64,
+    output_tokens: u32,
+    #[serde(default)]
+    tokens: Option<Vec<u32>>,
+    #[serde(default)]
+    prompt: Option<String>,
+    #[serde(default)]
+    model: String,
+    #[serde(default)]
+    cache_salt: String,
+    #[serde(default)]
+    group: u64,
+    #[serde(default)]
+    step: Option<u32>,
+}
+
+/// The token estimate of a text prompt: its UTF-8 bytes, zero-padded to a multiple of 4, read
+/// as little-endian `u32`s.
+pub fn prompt_to_tokens(prompt: &str) -> Vec<u32> {
+    prompt
+        .as_bytes()
+        .chunks(4)
+        .map(|chunk| {
+            let mut word = [0u8; 4];
+            word[..chunk.len()].copy_from_slice(chunk);
+            u32::from_le_bytes(word)
+        })
+        .collect()
+}
+
+/// Reads a JSONL trace file.
+pub fn read_trace(path: &Path) -> Result<Vec<SimRequest>, TraceError> {
+    let text = std::fs::read_to_string(path).map_err(|source| TraceError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_trace(&text)
+}
+
+/// Parses JSONL trace text; the first bad line is reported with its number.
+pub fn parse_trace(text: &str) -> Result<Vec<SimRequest>, TraceError> {
+    let mut requests = Vec::new();
+    for (index, raw) in text.lines().enumerate() {
+        if raw.trim().is_empty() {
+            continue;
+        }
+        let line = index + 1;
+        let fail = |message: String| TraceError::Line { line, message };
+        let parsed: TraceLine = serde_json::from_str(raw).map_err(|e| fail(json_message(&e)))?;
+        if !(parsed.arrival_ms.is_finite() && parsed.arrival_ms >= 0.0) {
+            return Err(fail(format!(
+                "arrival_ms must be a finite number >= 0 (got {})",
+                parsed.arrival_ms
+            )));
+        }
+        if parsed.output_tokens == 0 {
+            return Err(fail(
+                "output_tokens must be in 1..=4294967295 (got 0)".to_string(),
+            ));
+        }
+        let tokens = match (parsed.tokens, parsed.prompt) {
+            (Some(tokens), None) => tokens,
+            (None, Some(prompt)) => prompt_to_tokens(&prompt),
+            (Some(_), Some(_)) => {
+                return Err(fail(
+                    "give either `tokens` or `prompt`, not both".to_string(),
+                ))
+            }
+            (None, None) => return Err(fail("missing `tokens` or `prompt`".to_string())),
+        };
+        if tokens.is_empty() {
+            return Err(fail("the prompt is empty".to_string()));
+        }
+        requests.push(SimRequest {
+            id: 0,
+            arrival_ms: parsed.arrival_ms,
+            model: parsed.model,
+            cache_salt: parsed.cache_salt,
+            tokens,
+            output_tokens: parsed.output_tokens,
+            group: parsed.group,
+            step: parsed.step,
+        });
+    }
+    Ok(number_by_arrival(requests))
+}
+
+/// serde_json's message with the column, without its "line 1" (each line is its own document).
+fn json_message(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let bare = match text.rfind(" at line ") {
+        Some(i) => &text[..i],
+        None => text.as_str(),
+    };
+    format!("{bare} (column {})", e.column())
+}

@@ -1,0 +1,146 @@
+//! `switchyard simulate`: the configured pipeline, through the real plugin libraries on the
+//! virtual clock, against baselines on the same workload and the same modelled fleet.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use switchyard_plugin_api::{EndpointMetrics, Outcome};
+
+use crate::config::{ConfigError, LoadedConfig};
+use crate::pipeline::{build, load_registry, Endpoint, Fleet, Options, Prompt, Request, Scheduler};
+use crate::sim::{self, FleetConfig, ReplicaState, SimRequest, SimRouter};
+
+/// The reference's default pipeline (approximate prefix cache + load), run as a baseline.
+pub const APPROX_BASELINE: &str = include_str!("../../configs/approx-prefix-load.toml");
+const APPROX_BASELINE_FILE: &str = "approx-prefix-load.toml";
+
+/// A wired pipeline driven by the simulator.
+pub struct PipelineRouter {
+    name: String,
+    scheduler: Scheduler,
+    decided: Vec<sim::Decision>,
+    fleet: FleetConfig,
+}
+
+impl PipelineRouter {
+    pub fn new(name: String, scheduler: Scheduler, fleet: FleetConfig) -> Self {
+        PipelineRouter {
+            name,
+            scheduler,
+            decided: Vec::new(),
+            fleet,
+        }
+    }
+
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
+    fn sync(&mut self, replicas: &[ReplicaState]) {
+        let block = self.fleet.block_size_tokens as u32;
+        let blocks = self.fleet.cache_capacity_blocks as u64;
+        self.scheduler
+            .update_metrics(replicas.iter().map(|r| EndpointMetrics {
+                running_requests: r.running,
+                waiting_requests: r.waiting,
+                kv_cache_usage: r.kv_usage,
+                cache_block_size: block,
+                cache_num_blocks: blocks,
+            }));
+    }
+
+    fn collect(&mut self, decisions: Vec<crate::pipeline::Decision>) {
+        for decision in decisions {
+            let Ok(request) = decision.request_id.parse::<u64>() else {
+                continue;
+            };
+            self.decided.push(sim::Decision {
+                request,
+                replica: decision.result.as_ref().ok().and_then(|c| c.first().copied()),
+                note: decision.result.err().map(|e| e.to_string()),
+            });
+        }
+    }
+}
+
+impl SimRouter for PipelineRouter {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn submit(&mut self, now_ms: f64, req: &SimRequest, fleet: &[ReplicaState]) {
+        self.sync(fleet);
+        let request = Request {
+            id: req.id.to_string(),
+            model: req.model.clone(),
+            cache_salt: req.cache_salt.clone(),
+            prompt: Prompt::Tokens(vec![req.tokens.clone()]),
+            max_output_tokens: Some(req.output_tokens as u64),
+        };
+        let decisions = self.scheduler.submit(request, now_ms);
+        self.collect(decisions);
+    }
+
+    fn next_wakeup(&self) -> Option<f64> {
+        self.scheduler.next_deadline()
+    }
+
+    fn poll(&mut self, now_ms: f64, fleet: &[ReplicaState], out: &mut Vec<sim::Decision>) {
+        if self.scheduler.next_deadline().is_some_and(|d| d <= now_ms) {
+            self.sync(fleet);
+            let decisions = self.scheduler.advance(now_ms);
+            self.collect(decisions);
+        }
+        out.append(&mut self.decided);
+    }
+
+    fn on_complete(&mut self, now_ms: f64, request: u64, _replica: usize) {
+        self.scheduler
+            .complete(&request.to_string(), Outcome::Finished, now_ms);
+    }
+}
+
+/// The simulated replicas as endpoints.
+pub fn sim_fleet(fleet: &FleetConfig) -> Fleet {
+    Fleet::new(
+        (0..fleet.replicas)
+            .map(|i| Endpoint {
+                id: format!("/replica-{i}"),
+                address: format!("replica-{i}:8000"),
+                role: String::new(),
+                metrics: EndpointMetrics {
+                    cache_block_size: fleet.block_size_tokens as u32,
+                    cache_num_blocks: fleet.cache_capacity_blocks as u64,
+                    ..EndpointMetrics::default()
+                },
+            })
+            .collect(),
+    )
+}
+
+/// Wires the pipeline of `config` as a simulated router.
+pub fn pipeline_router(
+    name: &str,
+    config: &LoadedConfig,
+    options: &Options,
+    fleet: &FleetConfig,
+    seed: u64,
+) -> Result<PipelineRouter, ConfigError> {
+    let registry = load_registry(config, options)?;
+    let pipeline = build(config, &registry, options)?;
+    let scheduler = Scheduler::new(Arc::new(pipeline), sim_fleet(fleet), seed);
+    Ok(PipelineRouter::new(name.to_string(), scheduler, fleet.clone()))
+}
+
+/// The approx-prefix + load baseline, resolving its libraries like the main config's.
+pub fn approx_baseline(main: &LoadedConfig) -> Result<LoadedConfig, ConfigError> {
+    let sibling = main.base_dir().join(APPROX_BASELINE_FILE);
+    LoadedConfig::parse(&sibling, APPROX_BASELINE.to_string())
+}
+
+/// A short name for a pipeline from its config file name.
+pub fn pipeline_name(path: &Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "pipeline".into())
+}

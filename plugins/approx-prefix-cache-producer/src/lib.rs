@@ -1,0 +1,248 @@
+//! approx-prefix-cache-producer: estimates which endpoints already hold a request's prompt
+//! prefix in their KV cache by remembering the prefix blocks of the requests dispatched to each
+//! endpoint, and reports per endpoint how many leading blocks of the new request it holds.
+//!
+//! This module is the plugin itself: its factory, and the producer that hashes each request,
+//! matches it against the shared [`index::PrefixIndex`] and records it on dispatch.
+
+pub mod config;
+pub mod index;
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use serde_json::json;
+use switchyard_plugin_api::keys::{PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER};
+use switchyard_plugin_api::sdk::{Declare, Instance, Param, PluginFactory, ProduceBatch, Producer};
+use switchyard_plugin_api::{
+    AttrValue, EndpointView, PluginError, PluginKind, PrefixCacheMatchInfo, ProduceItem,
+    RequestView, Stability,
+};
+use switchyard_prefix_hashing::{hash_prompt_into, prompt_seed};
+
+use config::ApproxPrefixCacheConfig;
+use index::{PrefixIndex, PromptHashes};
+
+/// Position of `PrefixCacheMatchInfo` in the declared produced keys.
+const PRODUCES_MATCH_INFO: usize = 0;
+
+pub static FACTORY: PluginFactory = PluginFactory {
+    type_name: "approx-prefix-cache-producer",
+    kind: PluginKind::Producer,
+    stability: Stability::Beta,
+    description: "Estimates how many leading prompt blocks each endpoint holds in its KV cache \
+                  from the requests dispatched to it.",
+    parameters: &[
+        Param {
+            name: "autoTune",
+            value_type: "bool",
+            default: "true",
+            range: "true | false",
+            description: "Use the endpoint's reported cache block size and block count.",
+        },
+        Param {
+            name: "blockSizeTokens",
+            value_type: "integer",
+            default: "16",
+            range: "1..=4294967295",
+            description: "Block size in tokens when the endpoint reports none (or autoTune is \
+                          off); the effective size is never below 64.",
+        },
+        Param {
+            name: "blockSize",
+            value_type: "integer",
+            default: "0",
+            range: "0..=4294967295",
+            description: "Deprecated: when positive and blockSizeTokens is still 16, used as \
+                          blockSizeTokens.",
+        },
+        Param {
+            name: "maxPrefixBlocksToMatch",
+            value_type: "integer",
+            default: "2048",
+            range: ">= 0",
+            description: "Block cap per prompt when maxPrefixTokensToMatch is 0; 0 means no \
+                          cap.",
+        },
+        Param {
+            name: "maxPrefixTokensToMatch",
+            value_type: "integer",
+            default: "131072",
+            range: ">= 0",
+            description: "Token cap per prompt, in whole blocks and at least one block; 0 \
+                          defers to maxPrefixBlocksToMatch.",
+        },
+        Param {
+            name: "lruCapacityPerServer",
+            value_type: "integer",
+            default: "31250",
+            range: ">= 1",
+            description: "Blocks remembered per endpoint when the capacity is not derived from \
+                          its metrics.",
+        },
+    ],
+    create,
+};
+
+fn create(instance_name: &str, parameters: &str) -> Result<Instance, PluginError> {
+    let config = ApproxPrefixCacheConfig::parse(parameters)?;
+    Ok(Instance::producer(ApproxProducer {
+        name: instance_name.to_owned(),
+        config,
+        index: Mutex::new(PrefixIndex::new()),
+        scratch: Mutex::new(Vec::new()),
+    }))
+}
+
+/// Buffers of one call, kept between calls so a warm call allocates nothing.
+#[derive(Default)]
+struct Scratch {
+    hashes: PromptHashes,
+    /// Matched blocks per endpoint, indexed by host index.
+    matched: Vec<u64>,
+}
+
+/// One configured instance.
+struct ApproxProducer {
+    name: String,
+    config: ApproxPrefixCacheConfig,
+    index: Mutex<PrefixIndex>,
+    /// Idle scratch buffers; concurrent calls each take their own, so hashing happens outside
+    /// the index lock.
+    scratch: Mutex<Vec<Scratch>>,
+}
+
+impl ApproxProducer {
+    /// Hashes the prompts of `request` into `out` for an endpoint reporting
+    /// `server_block_size` (0 = unknown) and returns the effective block size.
+    fn hash_request(
+        &self,
+        request: &RequestView<'_>,
+        server_block_size: u32,
+        out: &mut PromptHashes,
+    ) -> u32 {
+        let block_size = self.config.effective_block_size(Some(server_block_size));
+        let max_blocks = self.config.max_blocks(block_size);
+        let seed = prompt_seed(&request.model, &request.cache_salt);
+        out.clear();
+        for prompt in request.prompts.iter() {
+            out.push_prompt_with(|hashes| {
+                hash_prompt_into(seed, &prompt.tokens, block_size as usize, max_blocks, hashes);
+            });
+        }
+        block_size
+    }
+
+    fn take_scratch(&self) -> Scratch {
+        lock(&self.scratch).pop().unwrap_or_default()
+    }
+
+    fn return_scratch(&self, scratch: Scratch) {
+        lock(&self.scratch).push(scratch);
+    }
+
+    fn produce_item(
+        &self,
+        item: &ProduceItem<'_>,
+        scratch: &mut Scratch,
+        out: &mut ProduceBatch<'_>,
+    ) {
+        let endpoints = item.endpoints.as_slice();
+        let server_block_size = endpoints.first().map_or(0, |e| e.metrics.cache_block_size);
+        let block_size = self.hash_request(&item.request, server_block_size, &mut scratch.hashes);
+        let width = endpoints
+            .iter()
+            .map(|e| e.host_index as usize + 1)
+            .max()
+            .unwrap_or(0);
+        if scratch.matched.len() < width {
+            scratch.matched.resize(width, 0);
+        }
+        let matched = &mut scratch.matched[..width];
+        if scratch.hashes.is_empty() {
+            matched.fill(0);
+        } else {
+            lock(&self.index).match_into(&scratch.hashes, matched);
+        }
+        let total_blocks = scratch.hashes.total_blocks() as u64;
+        for (position, endpoint) in endpoints.iter().enumerate() {
+            out.put(
+                item,
+                PRODUCES_MATCH_INFO,
+                position,
+                AttrValue::PrefixCacheMatch(PrefixCacheMatchInfo {
+                    match_blocks: matched[endpoint.host_index as usize],
+                    total_blocks,
+                    block_size_tokens: u64::from(block_size),
+                }),
+            );
+        }
+    }
+}
+
+impl Producer for ApproxProducer {
+    fn declare(&self) -> Declare {
+        Declare::default()
+            .produces(PREFIX_CACHE_MATCH_INFO, &self.name)
+            .requires(TOKENIZED_PROMPT, TOKEN_PRODUCER)
+    }
+
+    fn produce(
+        &self,
+        items: &[ProduceItem<'_>],
+        out: &mut ProduceBatch<'_>,
+    ) -> Result<(), PluginError> {
+        let mut scratch = self.take_scratch();
+        for item in items {
+            self.produce_item(item, &mut scratch, out);
+        }
+        self.return_scratch(scratch);
+        Ok(())
+    }
+
+    /// Remembers the request's blocks on `endpoint`. The request is hashed again rather than
+    /// kept from `produce`, so the producer holds no per-request state.
+    fn dispatched(&self, request: &RequestView<'_>, endpoint: &EndpointView<'_>) {
+        let mut scratch = self.take_scratch();
+        let metrics = endpoint.metrics;
+        let block_size = self.hash_request(request, metrics.cache_block_size, &mut scratch.hashes);
+        if !scratch.hashes.is_empty() {
+            let capacity = self.config.lru_capacity(
+                Some(metrics.cache_num_blocks),
+                Some(metrics.cache_block_size),
+                block_size,
+            );
+            lock(&self.index).record(
+                endpoint.host_index as usize,
+                &endpoint.id,
+                capacity,
+                &scratch.hashes,
+            );
+        }
+        self.return_scratch(scratch);
+    }
+
+    fn state(&self) -> Option<serde_json::Value> {
+        let index = lock(&self.index);
+        let endpoints: Vec<_> = index
+            .endpoints()
+            .map(|(host_index, id, blocks)| {
+                json!({"hostIndex": host_index, "id": id, "blocks": blocks})
+            })
+            .collect();
+        Some(json!({
+            "endpoints": endpoints,
+            "distinctBlocks": index.distinct_blocks(),
+        }))
+    }
+}
+
+/// Locks `mutex`, carrying on after a panic in another call: the index stays consistent
+/// between its operations, and the worst case is a stale estimate.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+// PENDING (macro fix in plugin-api): switchyard_plugin_api::export_plugins!(FACTORY);
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,197 @@
+//! burst-prefix-cache-producer: co-locates requests of one short window that share a prompt
+//! prefix, so the prefix is prefilled on one replica instead of on every replica the load
+//! balancer would spread them over.
+//!
+//! The host gathers each window into a batch (declared through [`BatchPolicy`]) and calls
+//! [`produce`](Producer::produce) once per sealed batch; this module hashes the batch, runs
+//! [`assign::assign`] and reports the placement as a full prefix match on the chosen replica.
+
+pub mod assign;
+pub mod config;
+
+use switchyard_plugin_api::keys::{PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER};
+use switchyard_plugin_api::sdk::{Declare, Instance, Param, PluginFactory, ProduceBatch, Producer};
+use switchyard_plugin_api::{
+    AttrValue, BatchPolicy, PluginError, PluginKind, PrefixCacheMatchInfo, ProduceItem, Stability,
+};
+use switchyard_prefix_hashing::{hash_prompt_into, prompt_seed};
+
+use assign::{assign, Replica};
+use config::BurstConfig;
+
+/// Position of `PrefixCacheMatchInfo` in the declared produced keys.
+const PRODUCES_MATCH_INFO: usize = 0;
+
+/// Margin on top of the window for one produce call, as in the reference.
+const TIMEOUT_MARGIN_MS: u64 = 300;
+
+pub static FACTORY: PluginFactory = PluginFactory {
+    type_name: "burst-prefix-cache-producer",
+    kind: PluginKind::Producer,
+    stability: Stability::Alpha,
+    description: "Steers requests of one batch window that share a prompt prefix onto the same \
+                  replica, reported as a full prefix-cache match there.",
+    parameters: &[
+        Param {
+            name: "windowDurationMs",
+            value_type: "integer",
+            default: "100",
+            range: "1..=10000",
+            description: "Length of a batch window in milliseconds, from its first request.",
+        },
+        Param {
+            name: "maxPerReplica",
+            value_type: "integer",
+            default: "-1",
+            range: "-1 | >= 1",
+            description: "Most members of one group placed on one replica; -1 puts a whole \
+                          group on one replica.",
+        },
+        Param {
+            name: "blockSizeTokens",
+            value_type: "integer",
+            default: "64",
+            range: ">= 1",
+            description: "Tokens per hashed prefix block.",
+        },
+        Param {
+            name: "maxPrefixTokensToMatch",
+            value_type: "integer",
+            default: "0",
+            range: "0 | >= blockSizeTokens",
+            description: "Prefix tokens hashed per prompt, in whole blocks; 0 hashes up to \
+                          2048 blocks.",
+        },
+        Param {
+            name: "minColocateBlocks",
+            value_type: "integer",
+            default: "0",
+            range: ">= 0",
+            description: "Leading blocks distinct prompts must share to be co-located; 0 \
+                          co-locates identical prompts only.",
+        },
+        Param {
+            name: "maxBatchSize",
+            value_type: "integer",
+            default: "1000",
+            range: "-1 | >= 1",
+            description: "Most requests one window may hold; -1 means no limit.",
+        },
+        Param {
+            name: "balanceBy",
+            value_type: "string",
+            default: "\"requests\"",
+            range: "\"requests\" | \"tokens\"",
+            description: "What the fair share of a batch counts: requests, or prefix blocks \
+                          still to prefill.",
+        },
+    ],
+    create,
+};
+
+fn create(instance_name: &str, parameters: &str) -> Result<Instance, PluginError> {
+    let config = BurstConfig::parse(parameters)?;
+    Ok(Instance::producer(BurstProducer {
+        name: instance_name.to_owned(),
+        config,
+    }))
+}
+
+/// One configured instance. It keeps no state between batches.
+struct BurstProducer {
+    name: String,
+    config: BurstConfig,
+}
+
+impl Producer for BurstProducer {
+    fn declare(&self) -> Declare {
+        let window_ms = self.config.window_ms();
+        let mut declared = Declare::default()
+            .produces(PREFIX_CACHE_MATCH_INFO, &self.name)
+            .requires(TOKENIZED_PROMPT, TOKEN_PRODUCER);
+        declared.batch = Some(BatchPolicy {
+            window_ms,
+            max_batch: self.config.max_batch_size,
+        });
+        declared.timeout_ms = Some(window_ms + TIMEOUT_MARGIN_MS);
+        declared
+    }
+
+    fn produce(
+        &self,
+        items: &[ProduceItem<'_>],
+        out: &mut ProduceBatch<'_>,
+    ) -> Result<(), PluginError> {
+        let block_size = self.config.block_size();
+        let max_blocks = self.config.max_blocks();
+
+        // Every item's prompts, flattened, one after the other in one buffer.
+        let mut hashes = Vec::new();
+        let mut ends = Vec::with_capacity(items.len());
+        for item in items {
+            let seed = prompt_seed(&item.request.model, &item.request.cache_salt);
+            for prompt in item.request.prompts.iter() {
+                hash_prompt_into(seed, &prompt.tokens, block_size, max_blocks, &mut hashes);
+            }
+            ends.push(hashes.len());
+        }
+        let entries: Vec<&[u64]> = ends
+            .iter()
+            .scan(0, |start, &end| {
+                let entry = &hashes[*start..end];
+                *start = end;
+                Some(entry)
+            })
+            .collect();
+
+        // The batch is spread over the candidates of its first request that has blocks.
+        let spread_over = items
+            .iter()
+            .zip(&entries)
+            .find(|(_, entry)| !entry.is_empty())
+            .map_or(&[][..], |(item, _)| item.endpoints.as_slice());
+        let replicas: Vec<Replica<'_>> = spread_over
+            .iter()
+            .map(|endpoint| Replica {
+                id: endpoint.id.as_str(),
+                running_requests: u64::from(endpoint.metrics.running_requests),
+            })
+            .collect();
+        let assigned = assign(
+            &entries,
+            &replicas,
+            self.config.per_replica_cap(),
+            self.config.colocate_blocks(),
+            self.config.balance(),
+        );
+
+        let block_size_tokens = block_size as u64;
+        for ((item, entry), target) in items.iter().zip(&entries).zip(&assigned) {
+            let total_blocks = entry.len() as u64;
+            let target = target.map(|replica| spread_over[replica].host_index);
+            for (position, endpoint) in item.endpoints.iter().enumerate() {
+                let match_blocks = if target == Some(endpoint.host_index) {
+                    total_blocks
+                } else {
+                    0
+                };
+                out.put(
+                    item,
+                    PRODUCES_MATCH_INFO,
+                    position,
+                    AttrValue::PrefixCacheMatch(PrefixCacheMatchInfo {
+                        match_blocks,
+                        total_blocks,
+                        block_size_tokens,
+                    }),
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+// PENDING (macro fix in plugin-api): switchyard_plugin_api::export_plugins!(FACTORY);
+
+#[cfg(test)]
+mod tests;

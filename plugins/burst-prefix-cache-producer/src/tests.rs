@@ -1,0 +1,329 @@
+//! The producer through the plugin boundary: factory → instance → `produce` over hand-built
+//! views, with expected placements from the reference catalogue (P2, P3, A2, A5, A6).
+
+use switchyard_plugin_api::ffi::{RSlice, RStr};
+use switchyard_plugin_api::keys::{PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER};
+use switchyard_plugin_api::{
+    AttrValue, AttrView, BatchPolicy, ConsumedKey, DataKey, EndpointMetrics, EndpointView,
+    ErrorKind, PluginError, PluginInstance, PrefixCacheMatchInfo, ProduceItem, PromptTokens,
+    RequestView,
+};
+
+use super::*;
+
+/// Every endpoint the tests know; an endpoint's host index is its position here.
+const PODS: [&str; 4] = ["/pod1", "/pod2", "/pod3", "/pod4"];
+
+fn instance(parameters: &str) -> PluginInstance {
+    match (FACTORY.create)("burst", parameters) {
+        Ok(instance) => instance.into_ffi(),
+        Err(error) => panic!("create failed: {error}"),
+    }
+}
+
+fn create_error(parameters: &str) -> PluginError {
+    match (FACTORY.create)("burst", parameters) {
+        Ok(_) => panic!("parameters {parameters} should be refused"),
+        Err(error) => error,
+    }
+}
+
+/// One request of a batch: its prompts and the ids of its candidates, in slot order.
+struct Request {
+    prompts: Vec<Vec<u32>>,
+    candidates: Vec<&'static str>,
+    running: Vec<u32>,
+}
+
+fn request(tokens: &[u32], candidates: &[&'static str]) -> Request {
+    Request {
+        prompts: vec![tokens.to_vec()],
+        candidates: candidates.to_vec(),
+        running: vec![0; candidates.len()],
+    }
+}
+
+fn copies(count: usize, tokens: &[u32], candidates: &[&'static str]) -> Vec<Request> {
+    (0..count).map(|_| request(tokens, candidates)).collect()
+}
+
+fn endpoint_views(request: &Request) -> Vec<EndpointView<'static>> {
+    request
+        .candidates
+        .iter()
+        .zip(&request.running)
+        .enumerate()
+        .map(|(slot, (&id, &running))| EndpointView {
+            slot: slot as u32,
+            host_index: PODS.iter().position(|&pod| pod == id).expect("known pod") as u32,
+            id: RStr::from_str(id),
+            address: RStr::from_str("10.0.0.1:8000"),
+            role: RStr::from_str(""),
+            metrics: EndpointMetrics {
+                running_requests: running,
+                ..EndpointMetrics::default()
+            },
+        })
+        .collect()
+}
+
+/// Runs one sealed batch and returns, per request, the value written on each candidate.
+fn produce(instance: &PluginInstance, batch: &[Request]) -> Vec<Vec<AttrValue>> {
+    let prompts: Vec<Vec<PromptTokens<'_>>> = batch
+        .iter()
+        .map(|r| {
+            r.prompts
+                .iter()
+                .map(|tokens| PromptTokens {
+                    tokens: RSlice::from_slice(tokens),
+                })
+                .collect()
+        })
+        .collect();
+    let endpoints: Vec<Vec<EndpointView<'_>>> = batch.iter().map(endpoint_views).collect();
+    let no_rows = [u32::MAX];
+    let produced = instance.declarations().produces.len();
+    let mut items = Vec::new();
+    let mut offset = 0;
+    for (prompts, endpoints) in prompts.iter().zip(&endpoints) {
+        items.push(ProduceItem {
+            request: RequestView {
+                id: RStr::from_str("request"),
+                model: RStr::from_str(""),
+                cache_salt: RStr::from_str(""),
+                prompts: RSlice::from_slice(prompts),
+                max_output_tokens: -1,
+                now_ms: 0,
+                random_seed: 0,
+                explain: false,
+            },
+            endpoints: RSlice::from_slice(endpoints),
+            attrs: AttrView {
+                values: RSlice::from_slice(&[]),
+                stride: endpoints.len() as u32,
+                rows: RSlice::from_slice(&no_rows),
+            },
+            out_offset: offset as u32,
+        });
+        offset += produced * endpoints.len();
+    }
+    let mut out = vec![AttrValue::Absent; offset];
+    instance.produce(&items, &mut out).expect("produce");
+    items
+        .iter()
+        .map(|item| {
+            let start = item.out_offset as usize;
+            out[start..start + item.endpoints.len()].to_vec()
+        })
+        .collect()
+}
+
+fn pmi(match_blocks: u64, total_blocks: u64, block_size_tokens: u64) -> AttrValue {
+    AttrValue::PrefixCacheMatch(PrefixCacheMatchInfo {
+        match_blocks,
+        total_blocks,
+        block_size_tokens,
+    })
+}
+
+/// The candidate with a positive match in each request's values (`"-"` when none), checking
+/// that every candidate got a value.
+fn assigned(batch: &[Request], values: &[Vec<AttrValue>]) -> Vec<&'static str> {
+    batch
+        .iter()
+        .zip(values)
+        .map(|(request, values)| {
+            let mut chosen = "-";
+            for (id, value) in request.candidates.iter().zip(values) {
+                let info = value
+                    .prefix_cache_match()
+                    .expect("written on every candidate");
+                if info.match_blocks > 0 {
+                    assert_eq!(chosen, "-", "at most one candidate matches");
+                    chosen = id;
+                }
+            }
+            chosen
+        })
+        .collect()
+}
+
+#[test]
+fn declarations_carry_keys_batch_policy_and_timeout() {
+    let declared = instance("null").declarations();
+    assert_eq!(
+        declared.produces.as_slice(),
+        [DataKey::new(PREFIX_CACHE_MATCH_INFO, "burst")]
+    );
+    assert_eq!(
+        declared.consumes.as_slice(),
+        [ConsumedKey {
+            key: DataKey::new(TOKENIZED_PROMPT, TOKEN_PRODUCER),
+            required: true,
+        }]
+    );
+    assert_eq!(
+        declared.batch(),
+        Some(BatchPolicy {
+            window_ms: 100,
+            max_batch: 1000
+        })
+    );
+    assert_eq!(declared.timeout_ms, 400);
+
+    let declared = instance(r#"{"windowDurationMs": 250, "maxBatchSize": -1}"#).declarations();
+    assert_eq!(
+        declared.batch(),
+        Some(BatchPolicy {
+            window_ms: 250,
+            max_batch: -1
+        })
+    );
+    assert_eq!(declared.timeout_ms, 550);
+}
+
+#[test]
+fn p2_identical_burst_lands_on_one_replica() {
+    let producer = instance(
+        r#"{"windowDurationMs": 100, "maxPerReplica": -1, "blockSizeTokens": 4,
+            "maxBatchSize": -1}"#,
+    );
+    let batch = copies(8, &[1, 2, 3, 4, 5, 6, 7, 8], &PODS);
+    let values = produce(&producer, &batch);
+    for request_values in &values {
+        assert_eq!(
+            request_values,
+            &[pmi(2, 2, 4), pmi(0, 2, 4), pmi(0, 2, 4), pmi(0, 2, 4)]
+        );
+    }
+}
+
+#[test]
+fn p3_singleton_has_no_affinity() {
+    let producer = instance(
+        r#"{"windowDurationMs": 50, "maxPerReplica": -1, "blockSizeTokens": 4,
+            "maxBatchSize": -1}"#,
+    );
+    let batch = [request(&[1, 2, 3, 4], &["/pod1", "/pod2"])];
+    assert_eq!(produce(&producer, &batch), [[pmi(0, 1, 4), pmi(0, 1, 4)]]);
+}
+
+#[test]
+fn a5_requests_without_tokens_get_zero_everywhere() {
+    let producer = instance(r#"{"blockSizeTokens": 4}"#);
+    let batch = copies(2, &[], &["/pod1", "/pod2"]);
+    assert_eq!(
+        produce(&producer, &batch),
+        [[pmi(0, 0, 4), pmi(0, 0, 4)], [pmi(0, 0, 4), pmi(0, 0, 4)]]
+    );
+}
+
+#[test]
+fn a6_distinct_groups_spread_across_replicas() {
+    let producer = instance(r#"{"blockSizeTokens": 1, "maxBatchSize": -1}"#);
+    let mut batch = copies(8, &[1, 2, 3], &PODS);
+    batch.extend(copies(8, &[9, 9, 9], &PODS));
+    let values = produce(&producer, &batch);
+    let mut expected = vec!["/pod1"; 8];
+    expected.extend(["/pod2"; 8]);
+    assert_eq!(assigned(&batch, &values), expected);
+    assert_eq!(
+        values[8],
+        [pmi(0, 3, 1), pmi(3, 3, 1), pmi(0, 3, 1), pmi(0, 3, 1)]
+    );
+}
+
+#[test]
+fn a2_cap_spreads_a_group_evenly() {
+    let producer = instance(r#"{"blockSizeTokens": 1, "maxPerReplica": 2}"#);
+    let batch = copies(8, &[1, 2, 3], &PODS);
+    let values = produce(&producer, &batch);
+    assert_eq!(
+        assigned(&batch, &values),
+        ["/pod1", "/pod1", "/pod2", "/pod2", "/pod3", "/pod3", "/pod4", "/pod4"]
+    );
+}
+
+#[test]
+fn running_requests_break_ties_before_ids() {
+    let producer = instance(r#"{"blockSizeTokens": 4}"#);
+    let mut batch = copies(2, &[1, 2, 3, 4], &PODS);
+    batch[0].running = vec![3, 1, 1, 2];
+    let values = produce(&producer, &batch);
+    assert_eq!(assigned(&batch, &values), ["/pod2", "/pod2"]);
+}
+
+#[test]
+fn the_assigned_replica_is_found_by_host_index_in_any_slot() {
+    let producer = instance(r#"{"blockSizeTokens": 4}"#);
+    let batch = [
+        request(&[1, 2, 3, 4], &PODS),
+        request(&[1, 2, 3, 4], &["/pod3", "/pod1"]),
+        request(&[1, 2, 3, 4], &["/pod2", "/pod3", "/pod4"]),
+    ];
+    let values = produce(&producer, &batch);
+    assert_eq!(values[1], [pmi(0, 1, 4), pmi(1, 1, 4)]);
+    assert_eq!(values[2], [pmi(0, 1, 4), pmi(0, 1, 4), pmi(0, 1, 4)]);
+}
+
+#[test]
+fn every_prompt_of_a_request_counts_towards_its_blocks() {
+    let producer = instance(r#"{"blockSizeTokens": 4}"#);
+    let two_prompts = || Request {
+        prompts: vec![vec![1, 2, 3, 4], vec![5, 6, 7, 8, 9]],
+        candidates: vec!["/pod1", "/pod2"],
+        running: vec![0, 0],
+    };
+    let batch = [two_prompts(), two_prompts()];
+    let values = produce(&producer, &batch);
+    assert_eq!(values[0], [pmi(3, 3, 4), pmi(0, 3, 4)]);
+    assert_eq!(values[1], [pmi(3, 3, 4), pmi(0, 3, 4)]);
+}
+
+#[test]
+fn prompts_equal_up_to_the_token_limit_form_one_group() {
+    let producer = instance(r#"{"blockSizeTokens": 4, "maxPrefixTokensToMatch": 4}"#);
+    let batch = [
+        request(&[1, 2, 3, 4, 5, 6, 7, 8], &["/pod1", "/pod2"]),
+        request(&[1, 2, 3, 4, 9, 9, 9, 9], &["/pod1", "/pod2"]),
+    ];
+    let values = produce(&producer, &batch);
+    assert_eq!(
+        values,
+        [[pmi(1, 1, 4), pmi(0, 1, 4)], [pmi(1, 1, 4), pmi(0, 1, 4)]]
+    );
+}
+
+#[test]
+fn unknown_parameter_is_refused_with_its_name() {
+    let error = create_error(r#"{"windowDuration": 100}"#);
+    assert_eq!(error.kind, ErrorKind::InvalidParameter);
+    assert_eq!(error.field.as_str(), "windowDuration");
+}
+
+#[test]
+fn out_of_range_parameter_is_refused_with_its_name_and_range() {
+    let error = create_error(r#"{"windowDurationMs": 0}"#);
+    assert_eq!(error.kind, ErrorKind::InvalidParameter);
+    assert_eq!(error.field.as_str(), "windowDurationMs");
+    assert_eq!(
+        error.message.as_str(),
+        "windowDurationMs must be in 1..=10000 (got 0)"
+    );
+    let error = create_error(r#"{"maxPerReplica": "two"}"#);
+    assert_eq!(error.field.as_str(), "maxPerReplica");
+}
+
+#[test]
+fn documented_parameters_are_the_config_fields_with_their_defaults() {
+    assert_eq!(FACTORY.parameters.len(), 7);
+    for param in FACTORY.parameters {
+        let json = format!("{{\"{}\": {}}}", param.name, param.default);
+        assert_eq!(
+            BurstConfig::parse(&json).expect(&json),
+            BurstConfig::default(),
+            "{}",
+            param.name
+        );
+    }
+}

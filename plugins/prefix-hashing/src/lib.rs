@@ -1,0 +1,105 @@
+//! Chained prefix-block hashing shared by the prefix-cache plugins.
+//!
+//! A prompt's token ids are cut into fixed-size blocks (the trailing partial block counts as a
+//! block) and each block hash covers the whole prefix up to and including that block, so two
+//! prompts share a block hash exactly when they share that prefix. The scheme is bit-compatible
+//! with the reference endpoint picker: XXH64 with seed 0 throughout, the chain starting from the
+//! hash of the model name followed by the cache salt.
+
+use xxhash_rust::xxh64::{xxh64, Xxh64};
+
+/// Token bytes hashed per step when a block is larger than one buffer.
+const BUF_TOKENS: usize = 256;
+
+/// Start of the hash chain for every prompt of a request: XXH64 of the model name's bytes
+/// followed by the cache salt's bytes (nothing is appended when the salt is empty).
+///
+/// There is no separator, so model `"ab"` with salt `"c"` seeds the same chain as model `"a"`
+/// with salt `"bc"`; this is kept so hashes match the reference.
+pub fn prompt_seed(model: &str, cache_salt: &str) -> u64 {
+    let mut state = Xxh64::new(0);
+    state.update(model.as_bytes());
+    if !cache_salt.is_empty() {
+        state.update(cache_salt.as_bytes());
+    }
+    state.digest()
+}
+
+/// Appends the chained block hashes of one prompt to `out` and returns how many were appended.
+///
+/// Blocks hold `block_size` tokens, the last one possibly fewer. At most `max_blocks` hashes are
+/// produced; nothing is produced when `block_size` or `max_blocks` is 0 or the prompt is empty.
+pub fn hash_prompt_into(
+    seed: u64,
+    tokens: &[u32],
+    block_size: usize,
+    max_blocks: usize,
+    out: &mut Vec<u64>,
+) -> usize {
+    if block_size == 0 || max_blocks == 0 || tokens.is_empty() {
+        return 0;
+    }
+    let count = tokens.len().div_ceil(block_size).min(max_blocks);
+    out.reserve(count);
+    let mut prev = seed;
+    for block in tokens.chunks(block_size).take(count) {
+        prev = chain(content_hash(block), prev);
+        out.push(prev);
+    }
+    count
+}
+
+/// Block hashes of every prompt of a request, one list per prompt in order. Prompts that yield
+/// no hash (empty prompts) are left out, so list positions need not match prompt positions.
+pub fn block_hashes(
+    model: &str,
+    cache_salt: &str,
+    prompts: &[&[u32]],
+    block_size: usize,
+    max_blocks: usize,
+) -> Vec<Vec<u64>> {
+    let seed = prompt_seed(model, cache_salt);
+    let mut lists = Vec::new();
+    for tokens in prompts {
+        let mut hashes = Vec::new();
+        if hash_prompt_into(seed, tokens, block_size, max_blocks, &mut hashes) > 0 {
+            lists.push(hashes);
+        }
+    }
+    lists
+}
+
+/// XXH64 of a block's tokens as little-endian `u32` bytes; an empty block hashes to 0.
+fn content_hash(tokens: &[u32]) -> u64 {
+    if tokens.is_empty() {
+        return 0;
+    }
+    let mut buf = [0u8; BUF_TOKENS * 4];
+    if tokens.len() <= BUF_TOKENS {
+        return xxh64(fill_le(&mut buf, tokens), 0);
+    }
+    let mut state = Xxh64::new(0);
+    for part in tokens.chunks(BUF_TOKENS) {
+        state.update(fill_le(&mut buf, part));
+    }
+    state.digest()
+}
+
+/// Writes `tokens` (at most `BUF_TOKENS`) into `buf` as little-endian bytes.
+fn fill_le<'b>(buf: &'b mut [u8; BUF_TOKENS * 4], tokens: &[u32]) -> &'b [u8] {
+    for (dst, token) in buf.chunks_exact_mut(4).zip(tokens) {
+        dst.copy_from_slice(&token.to_le_bytes());
+    }
+    &buf[..tokens.len() * 4]
+}
+
+/// Hash of a block given its content hash and the previous block's hash (or the seed).
+fn chain(content: u64, prev: u64) -> u64 {
+    let mut pair = [0u8; 16];
+    pair[..8].copy_from_slice(&content.to_le_bytes());
+    pair[8..].copy_from_slice(&prev.to_le_bytes());
+    xxh64(&pair, 0)
+}
+
+#[cfg(test)]
+mod tests;

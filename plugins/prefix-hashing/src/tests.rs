@@ -1,0 +1,186 @@
+use super::*;
+
+fn range(from: u32, to: u32) -> Vec<u32> {
+    (from..=to).collect()
+}
+
+/// Hashes of a single prompt, as one list.
+fn one(model: &str, salt: &str, tokens: &[u32], block: usize, max_blocks: usize) -> Vec<u64> {
+    let mut out = Vec::new();
+    hash_prompt_into(
+        prompt_seed(model, salt),
+        tokens,
+        block,
+        max_blocks,
+        &mut out,
+    );
+    out
+}
+
+#[test]
+fn seeds_are_xxh64_of_model_and_salt() {
+    assert_eq!(prompt_seed("m", ""), 0xba2e567083a2b2e8);
+    assert_eq!(prompt_seed("", ""), 0xef46db3751d8e999);
+}
+
+#[test]
+fn content_hash_matches_golden_and_h6() {
+    assert_eq!(content_hash(&[1, 2]), 0xcd3d4c871ee4183a);
+    assert_eq!(content_hash(&[1, 2]), content_hash(&[1, 2]));
+    assert_ne!(content_hash(&[1, 2]), content_hash(&[1, 3]));
+    assert_eq!(content_hash(&[]), 0);
+}
+
+#[test]
+fn g1_model_only() {
+    assert_eq!(
+        one("m", "", &[1, 2, 3, 4], 2, 2048),
+        [0xbdeada2071943583, 0x7aacfb531261b051]
+    );
+}
+
+#[test]
+fn g2_salt_changes_hashes_and_h3() {
+    let salted = one("m", "salt", &[1, 2, 3, 4], 2, 2048);
+    assert_eq!(salted, [0x6b0e68c54f9ceac3, 0xf1433d4ff41f4429]);
+    let unsalted = block_hashes("m", "", &[&[1, 2, 3, 4]], 2, 2048);
+    let with_salt = block_hashes("m", "salt", &[&[1, 2, 3, 4]], 2, 2048);
+    assert_eq!(unsalted.len(), with_salt.len());
+    assert_ne!(unsalted, with_salt);
+}
+
+#[test]
+fn g2b_model_salt_concatenation_collides() {
+    assert_eq!(
+        one("msalt", "", &[1, 2, 3, 4], 2, 2048),
+        [0x6b0e68c54f9ceac3, 0xf1433d4ff41f4429]
+    );
+}
+
+#[test]
+fn g3_trailing_partial_block_is_hashed() {
+    let g3 = one("test-model", "", &range(1, 10), 4, 2048);
+    assert_eq!(
+        g3,
+        [0xbbaff9ab40b2fc24, 0xaccb2a8863c7324c, 0x2ca6840aac255efb]
+    );
+    assert_eq!(
+        one("test-model", "", &range(1, 8), 4, 2048),
+        [0xbbaff9ab40b2fc24, 0xaccb2a8863c7324c]
+    );
+    assert_eq!(
+        one("test-model", "", &range(1, 9), 4, 2048),
+        [0xbbaff9ab40b2fc24, 0xaccb2a8863c7324c, 0x9cba7068b5e60fbe]
+    );
+}
+
+#[test]
+fn g4_empty_model() {
+    assert_eq!(
+        one("", "", &range(1, 8), 4, 2048),
+        [0x23e93cf3263c5519, 0x3d65cd20e965730f]
+    );
+}
+
+#[test]
+fn g5_g6_each_prompt_restarts_the_chain() {
+    let multi = block_hashes("model", "", &[&[1, 2], &[3, 4]], 2, 2048);
+    assert_eq!(multi, [vec![0xffdca57d22906a0b], vec![0xe3c1183459dad609]]);
+    let single = block_hashes("model", "", &[&[1, 2, 3, 4]], 2, 2048);
+    assert_eq!(single, [vec![0xffdca57d22906a0b, 0x9f53fe5600b4b914]]);
+    // H5
+    assert_eq!(multi[0][0], single[0][0]);
+    assert_ne!(multi[1][0], single[0][1]);
+}
+
+#[test]
+fn g7_empty_prompt_dropped() {
+    let lists = block_hashes("model", "", &[&[1, 2], &[], &[3, 4]], 2, 2048);
+    assert_eq!(lists, [vec![0xffdca57d22906a0b], vec![0xe3c1183459dad609]]);
+}
+
+#[test]
+fn g8_g9_max_blocks() {
+    assert_eq!(one("m", "", &[1, 2, 3, 4], 2, 1), [0xbdeada2071943583]);
+    assert_eq!(one("m", "", &[1, 2, 3, 4], 2, 0), Vec::<u64>::new());
+    assert!(block_hashes("m", "", &[&[1, 2, 3, 4]], 2, 0).is_empty());
+}
+
+#[test]
+fn estimate_tokenizer_prompt() {
+    let hello_world = [1819043176, 1870078063, 6581362];
+    assert_eq!(one("m", "", &hello_world, 64, 2048), [0xf6615699d17cb474]);
+    assert_eq!(
+        one("m", "", &hello_world, 2, 2048),
+        [0x08d690f931adb157, 0x9cc3db9a2b8ee849]
+    );
+}
+
+#[test]
+fn h1_block_split_counts() {
+    let seed = prompt_seed("", "");
+    let mut out = Vec::new();
+    assert_eq!(hash_prompt_into(seed, &range(1, 8), 4, 2048, &mut out), 2);
+    assert_eq!(hash_prompt_into(seed, &range(1, 10), 4, 2048, &mut out), 3);
+    assert_eq!(hash_prompt_into(seed, &[], 4, 2048, &mut out), 0);
+    assert_eq!(hash_prompt_into(seed, &[1, 2, 3], 0, 2048, &mut out), 0);
+    assert_eq!(out.len(), 5);
+    // The partial block [9, 10] is chained onto the two full blocks.
+    assert_eq!(out[4], chain(content_hash(&[9, 10]), out[3]));
+}
+
+#[test]
+fn hash_prompt_into_appends_after_existing_entries() {
+    let mut out = vec![7];
+    let added = hash_prompt_into(prompt_seed("m", ""), &[1, 2, 3, 4], 2, 2048, &mut out);
+    assert_eq!(added, 2);
+    assert_eq!(out, [7, 0xbdeada2071943583, 0x7aacfb531261b051]);
+}
+
+#[test]
+fn h2_total_counts() {
+    let total = |lists: Vec<Vec<u64>>| lists.iter().map(Vec::len).sum::<usize>();
+    assert_eq!(total(block_hashes("", "", &[&range(1, 10)], 4, 2048)), 3);
+    assert_eq!(total(block_hashes("", "", &[], 4, 2048)), 0);
+}
+
+#[test]
+fn h4_multi_prompt_block_counts() {
+    let counts = |prompts: &[&[u32]]| -> Vec<usize> {
+        block_hashes("model", "", prompts, 2, 2048)
+            .iter()
+            .map(Vec::len)
+            .collect()
+    };
+    assert_eq!(counts(&[&[1, 2, 3, 4], &[5, 6, 7, 8]]), [2, 2]);
+    assert_eq!(counts(&[&[1, 2, 3], &[4, 5], &[6]]), [2, 1, 1]);
+    assert_eq!(counts(&[&[1, 2], &[], &[3, 4]]), [1, 1]);
+}
+
+#[test]
+fn large_blocks_hash_like_one_shot() {
+    // Blocks longer than the internal buffer take the streaming path.
+    let tokens: Vec<u32> = (0..1000u32)
+        .map(|t| t.wrapping_mul(2_654_435_761))
+        .collect();
+    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    assert_eq!(content_hash(&tokens), xxh64(&bytes, 0));
+    assert_eq!(
+        content_hash(&tokens[..BUF_TOKENS]),
+        xxh64(&bytes[..BUF_TOKENS * 4], 0)
+    );
+}
+
+#[test]
+fn long_prompt_sanity() {
+    // An 8k-token prompt in 64-token blocks: 128 chained hashes, and a prompt that stops half
+    // way shares exactly the hashes of its full blocks.
+    let tokens: Vec<u32> = (0..8192u32).collect();
+    let full = one("m", "", &tokens, 64, 2048);
+    assert_eq!(full.len(), 128);
+    let half = one("m", "", &tokens[..4096 + 10], 64, 2048);
+    assert_eq!(half.len(), 65);
+    assert_eq!(half[..64], full[..64]);
+    assert_ne!(half[64], full[64]);
+    assert_eq!(one("m", "", &tokens, 64, 100).len(), 100);
+}
