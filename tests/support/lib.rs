@@ -1,1 +1,136 @@
-//! Shared helpers for the integration tests.
+//! Shared helpers for the integration tests: building the real plugin libraries and the
+//! compatibility fixtures, and wiring pipelines from TOML text.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use switchyard::config::LoadedConfig;
+use switchyard::pipeline::{build, load_registry, Fleet, Options, Pipeline, Scheduler};
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ sits in the workspace")
+        .to_path_buf()
+}
+
+fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string())
+}
+
+/// The target directory of this build (`CARGO_TARGET_DIR` aware).
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|p| if p.is_absolute() { p } else { workspace_root().join(p) })
+        .unwrap_or_else(|| workspace_root().join("target"))
+}
+
+const PLUGIN_PACKAGES: &[&str] = &[
+    "burst-prefix-cache-producer",
+    "prefix-cache-scorer",
+    "prefix-cache-affinity-filter",
+    "approx-prefix-cache-producer",
+    "panicking-plugin",
+];
+
+static BUILD_LOCK: Mutex<()> = Mutex::new(());
+
+fn run_cargo(args: &[&str]) {
+    let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let status = Command::new(cargo())
+        .args(args)
+        .current_dir(workspace_root())
+        .status()
+        .expect("cargo runs");
+    assert!(status.success(), "cargo {args:?} failed");
+}
+
+/// Builds the workspace's plugin libraries (debug) once per test binary and returns the
+/// directory holding them.
+pub fn plugin_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let mut args = vec!["build", "--quiet"];
+        for package in PLUGIN_PACKAGES {
+            args.extend(["-p", package]);
+        }
+        run_cargo(&args);
+        target_dir().join("debug")
+    })
+}
+
+/// Builds one compatibility fixture (a workspace of its own under `tests/fixtures`) and
+/// returns the path of its library.
+pub fn fixture_library(fixture: &str) -> PathBuf {
+    let manifest_dir = workspace_root().join("tests/fixtures").join(fixture);
+    let lock = manifest_dir.join("Cargo.lock");
+    if !lock.exists() {
+        // Start from the workspace's resolution so the fixture builds the same dependency
+        // versions (and reuses their artifacts).
+        let _ = std::fs::copy(workspace_root().join("Cargo.lock"), &lock);
+    }
+    let target = target_dir().join("fixtures");
+    let manifest = manifest_dir.join("Cargo.toml");
+    run_cargo(&[
+        "build",
+        "--quiet",
+        "--manifest-path",
+        manifest.to_str().expect("utf-8 path"),
+        "--target-dir",
+        target.to_str().expect("utf-8 path"),
+    ]);
+    let lib = fixture.replace('-', "_");
+    target
+        .join("debug")
+        .join(switchyard::config::library_file_name(&lib))
+}
+
+/// Options that find the workspace's plugin libraries.
+pub fn options() -> Options {
+    Options {
+        allow_experimental_plugins: false,
+        plugin_dirs: vec![plugin_dir().to_path_buf()],
+    }
+}
+
+/// Parses TOML text as if it were the file `tests/generated/<name>.toml`.
+pub fn config(name: &str, toml: &str) -> LoadedConfig {
+    try_config(name, toml).unwrap_or_else(|e| panic!("config {name} is valid: {e}"))
+}
+
+pub fn try_config(
+    name: &str,
+    toml: &str,
+) -> Result<LoadedConfig, switchyard::config::ConfigError> {
+    let path = workspace_root().join(format!("tests/generated/{name}.toml"));
+    LoadedConfig::parse(&path, toml.to_string())
+}
+
+/// Wires a pipeline from TOML text, or returns the error text.
+pub fn try_pipeline(name: &str, toml: &str) -> Result<Pipeline, String> {
+    let config = try_config(name, toml).map_err(|e| e.to_string())?;
+    let options = options();
+    let registry = load_registry(&config, &options).map_err(|e| e.to_string())?;
+    build(&config, &registry, &options).map_err(|e| e.to_string())
+}
+
+/// A scheduler over the config's endpoints.
+pub fn scheduler(name: &str, toml: &str, seed: u64) -> Scheduler {
+    let config = config(name, toml);
+    let options = options();
+    let registry = load_registry(&config, &options).unwrap_or_else(|e| panic!("{e}"));
+    let pipeline = build(&config, &registry, &options).unwrap_or_else(|e| panic!("{e}"));
+    let fleet: Fleet = switchyard::replay::fleet_from_config(&config.config.endpoints);
+    Scheduler::new(Arc::new(pipeline), fleet, seed)
+}
+
+/// `[[endpoints]]` entries `pod1..podN` on loopback.
+pub fn endpoints(n: usize) -> String {
+    (1..=n)
+        .map(|i| format!("[[endpoints]]\nname = \"pod{i}\"\naddress = \"127.0.0.1:{}\"\n", 9000 + i))
+        .collect::<Vec<_>>()
+        .join("\n")
+}

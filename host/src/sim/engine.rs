@@ -92,8 +92,8 @@ impl Ord for Event {
 /// ends when every request has completed or been rejected, or when nothing is left to happen
 /// (requests the router never decided are reported as unrouted). Request ids should be unique:
 /// a request whose id was already seen is rejected on arrival without reaching the router.
-/// `progress(finished, total)` is called each time another percent of the requests has
-/// finished, and once at the end.
+/// `progress(finished, total)` is called at the start, each time another percent of the
+/// requests has finished (completed or rejected), and once at the end.
 pub fn run(
     workload: &[SimRequest],
     fleet: &FleetConfig,

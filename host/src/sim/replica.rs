@@ -117,14 +117,6 @@ impl Replica {
         &self.stats
     }
 
-    pub fn cache(&self) -> &BlockCache {
-        &self.cache
-    }
-
-    pub fn into_stats(self) -> ReplicaStats {
-        self.stats
-    }
-
     /// Takes a request routed here at `now`. Returns the prefill it starts, if the replica was
     /// idle enough to start one at once.
     pub fn dispatch(&mut self, now: f64, job: Job, store: &[u64]) -> Option<PrefillStart> {

@@ -202,7 +202,8 @@ impl PipelineReport {
 
 fn replica_load(run: &RunOutcome<'_>) -> ReplicaLoad {
     let peak_per_replica: Vec<u32> = run.replicas.iter().map(|r| r.stats().peak_load).collect();
-    let per_replica = |f: fn(&ReplicaStats) -> u64| run.replicas.iter().map(|r| f(r.stats())).collect();
+    let per_replica =
+        |f: fn(&ReplicaStats) -> u64| run.replicas.iter().map(|r| f(r.stats())).collect();
     let mean = if peak_per_replica.is_empty() {
         0.0
     } else {

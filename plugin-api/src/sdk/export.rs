@@ -83,7 +83,7 @@ pub fn install_host(host: HostCallbacks) {
 /// ```
 #[macro_export]
 macro_rules! export_plugins {
-    ($($factory:path),+ $(,)?) => {
+    ($($factory:ident),+ $(,)?) => {
         #[doc(hidden)]
         pub mod __switchyard_export {
             use $crate::__abi_stable::std_types::{RResult, RStr, RVec};

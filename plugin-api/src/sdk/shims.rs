@@ -52,6 +52,7 @@ impl Instance {
         }
     }
 
+    #[cfg_attr(feature = "api-1-0", allow(dead_code))]
     fn state(&self) -> Option<serde_json::Value> {
         match self {
             Instance::Producer(p) => p.state(),

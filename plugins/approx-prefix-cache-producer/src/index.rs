@@ -210,11 +210,14 @@ impl PrefixIndex {
 
     /// The endpoints known, in slot order: slot, id and number of blocks held.
     pub fn endpoints(&self) -> impl Iterator<Item = (usize, &str, usize)> + '_ {
-        self.endpoints.iter().enumerate().filter_map(|(slot, entry)| {
-            entry
-                .as_ref()
-                .map(|endpoint| (slot, &*endpoint.id, endpoint.blocks.len()))
-        })
+        self.endpoints
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, entry)| {
+                entry
+                    .as_ref()
+                    .map(|endpoint| (slot, &*endpoint.id, endpoint.blocks.len()))
+            })
     }
 
     /// The id of the endpoint in `slot`, if any.

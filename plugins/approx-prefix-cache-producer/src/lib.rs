@@ -126,7 +126,13 @@ impl ApproxProducer {
         out.clear();
         for prompt in request.prompts.iter() {
             out.push_prompt_with(|hashes| {
-                hash_prompt_into(seed, &prompt.tokens, block_size as usize, max_blocks, hashes);
+                hash_prompt_into(
+                    seed,
+                    &prompt.tokens,
+                    block_size as usize,
+                    max_blocks,
+                    hashes,
+                );
             });
         }
         block_size
@@ -236,13 +242,13 @@ impl Producer for ApproxProducer {
     }
 }
 
-/// Locks `mutex`, carrying on after a panic in another call: the index stays consistent
-/// between its operations, and the worst case is a stale estimate.
+/// Locks `mutex` even after a panic in another call (the SDK contained and reported it), so
+/// the producer keeps serving estimates instead of failing every later call.
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-// PENDING (macro fix in plugin-api): switchyard_plugin_api::export_plugins!(FACTORY);
+switchyard_plugin_api::export_plugins!(FACTORY);
 
 #[cfg(test)]
 mod tests;

@@ -191,7 +191,7 @@ impl Producer for BurstProducer {
     }
 }
 
-// PENDING (macro fix in plugin-api): switchyard_plugin_api::export_plugins!(FACTORY);
+switchyard_plugin_api::export_plugins!(FACTORY);
 
 #[cfg(test)]
 mod tests;

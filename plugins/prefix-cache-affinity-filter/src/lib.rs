@@ -222,4 +222,4 @@ impl Filter for AffinityFilter {
 #[cfg(test)]
 mod tests;
 
-// TEMP switchyard_plugin_api::export_plugins!(FACTORY);
+switchyard_plugin_api::export_plugins!(FACTORY);

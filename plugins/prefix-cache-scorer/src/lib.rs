@@ -116,4 +116,4 @@ impl Scorer for PrefixCacheScorer {
 #[cfg(test)]
 mod tests;
 
-// TEMP switchyard_plugin_api::export_plugins!(FACTORY);
+switchyard_plugin_api::export_plugins!(FACTORY);

@@ -191,8 +191,14 @@ fn round_robin_prefills_each_prompt_on_every_replica() {
     // Per replica: A 64 + A 0 + B 40 + B 8 (its uncached tail).
     assert_eq!(report.prefill_tokens_computed, 2 * (64 + 40 + 8));
     assert_eq!(report.prefill_tokens_cached, 2 * (64 + 32));
-    assert_eq!(report.replica_load.prefill_tokens_computed_per_replica, vec![112, 112]);
-    assert_eq!(report.replica_load.prefill_tokens_cached_per_replica, vec![96, 96]);
+    assert_eq!(
+        report.replica_load.prefill_tokens_computed_per_replica,
+        vec![112, 112]
+    );
+    assert_eq!(
+        report.replica_load.prefill_tokens_cached_per_replica,
+        vec![96, 96]
+    );
     // 6 distinct blocks of 16, plus four 8-token tails.
     assert_eq!(report.prefill_tokens_ideal, 6 * 16 + 4 * 8);
     assert_eq!(report.cache_hit_rate, 192.0 / 416.0);
@@ -454,9 +460,6 @@ fn rl_step_prefills_match_the_analytic_burst_model() {
     );
     assert!(rr.prefill_tokens_computed > 7 * rr.prefill_tokens_ideal);
     assert_eq!(rr.completed, 512);
-    if let Some(dir) = std::env::var_os("SIM_REPORT_DIR") {
-        crate::sim::write_reports(std::path::Path::new(&dir), &[rr, lif, grouped]).unwrap();
-    }
 }
 
 /// Not a timing assertion: run with `--release -- --ignored` to see how long 10,000 requests take.

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 const WIDTH: f64 = 760.0;
 const HEIGHT: f64 = 300.0;
 const LEFT: f64 = 64.0;
-const RIGHT: f64 = 16.0;
+const RIGHT: f64 = 28.0;
 const TOP: f64 = 28.0;
 const BOTTOM: f64 = 44.0;
 const PALETTE: [&str; 10] = [
@@ -170,16 +170,8 @@ fn chart(
     y_max: f64,
     lines: &[Line],
 ) {
-    let x_max = if x_max > 0.0 && x_max.is_finite() {
-        x_max
-    } else {
-        1.0
-    };
-    let y_max = if y_max > 0.0 && y_max.is_finite() {
-        y_max
-    } else {
-        1.0
-    };
+    let x_max = nice_ceiling(x_max);
+    let y_max = nice_ceiling(y_max);
     let plot_w = WIDTH - LEFT - RIGHT;
     let plot_h = HEIGHT - TOP - BOTTOM;
     let sx = |x: f64| LEFT + x / x_max * plot_w;
@@ -244,6 +236,20 @@ fn chart(
     out.push_str("</svg>\n");
 }
 
+/// The smallest "round" axis end at or above `v` whose quarters are round too (1 when `v` is
+/// not a positive finite number).
+fn nice_ceiling(v: f64) -> f64 {
+    if !(v > 0.0 && v.is_finite()) {
+        return 1.0;
+    }
+    let scale = 10f64.powf(v.log10().floor());
+    [1.0, 1.2, 1.6, 2.0, 2.4, 3.0, 4.0, 6.0, 8.0, 10.0]
+        .iter()
+        .map(|m| m * scale)
+        .find(|&end| end >= v)
+        .unwrap_or(10.0 * scale)
+}
+
 /// A tick label: integers as such, small values with up to two decimals.
 fn tick(v: f64) -> String {
     if v.fract() == 0.0 || v >= 100.0 {
@@ -275,6 +281,16 @@ mod tests {
     #[test]
     fn escapes_markup_in_names() {
         assert_eq!(escape("a<b>&\"c\""), "a&lt;b&gt;&amp;&quot;c&quot;");
+    }
+
+    #[test]
+    fn axis_ends_are_round() {
+        assert_eq!(nice_ceiling(5421.0), 6000.0);
+        assert_eq!(nice_ceiling(15393.0), 16000.0);
+        assert_eq!(nice_ceiling(64.0), 80.0);
+        assert_eq!(nice_ceiling(100.0), 100.0);
+        assert_eq!(nice_ceiling(0.0), 1.0);
+        assert_eq!(nice_ceiling(f64::NAN), 1.0);
     }
 
     #[test]

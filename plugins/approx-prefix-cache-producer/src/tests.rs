@@ -1,0 +1,284 @@
+//! The producer through the plugin boundary: factory → instance → `produce` / `dispatched` /
+//! `state` over hand-built views.
+
+use switchyard_plugin_api::ffi::{RSlice, RStr};
+use switchyard_plugin_api::keys::{PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER};
+use switchyard_plugin_api::{
+    AttrView, ConsumedKey, DataKey, EndpointMetrics, ErrorKind, PluginInstance, PromptTokens,
+};
+
+use super::*;
+
+fn instance(parameters: &str) -> PluginInstance {
+    match (FACTORY.create)("approx", parameters) {
+        Ok(instance) => instance.into_ffi(),
+        Err(error) => panic!("create failed: {error}"),
+    }
+}
+
+/// A candidate with the given host index and id, reporting `block_size`-token cache blocks
+/// (0 = unknown) and `num_blocks` of them.
+fn endpoint(host_index: u32, id: &'static str, block_size: u32, num_blocks: u64) -> Endpoint {
+    Endpoint {
+        host_index,
+        id,
+        metrics: EndpointMetrics {
+            cache_block_size: block_size,
+            cache_num_blocks: num_blocks,
+            ..EndpointMetrics::default()
+        },
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Endpoint {
+    host_index: u32,
+    id: &'static str,
+    metrics: EndpointMetrics,
+}
+
+fn views(endpoints: &[Endpoint]) -> Vec<EndpointView<'static>> {
+    endpoints
+        .iter()
+        .enumerate()
+        .map(|(slot, e)| EndpointView {
+            slot: slot as u32,
+            host_index: e.host_index,
+            id: RStr::from_str(e.id),
+            address: RStr::from_str("10.0.0.1:8000"),
+            role: RStr::from_str(""),
+            metrics: e.metrics,
+        })
+        .collect()
+}
+
+fn with_request<R>(prompts: &[&[u32]], body: impl FnOnce(&RequestView<'_>) -> R) -> R {
+    let prompts: Vec<PromptTokens<'_>> = prompts
+        .iter()
+        .map(|tokens| PromptTokens {
+            tokens: RSlice::from_slice(tokens),
+        })
+        .collect();
+    let request = RequestView {
+        id: RStr::from_str("request"),
+        model: RStr::from_str("test-model"),
+        cache_salt: RStr::from_str(""),
+        prompts: RSlice::from_slice(&prompts),
+        max_output_tokens: -1,
+        now_ms: 0,
+        random_seed: 0,
+        explain: false,
+    };
+    body(&request)
+}
+
+/// Produces for one request and returns the value written on each candidate.
+fn produce(
+    producer: &PluginInstance,
+    prompts: &[&[u32]],
+    endpoints: &[Endpoint],
+) -> Vec<PrefixCacheMatchInfo> {
+    let endpoints = views(endpoints);
+    with_request(prompts, |request| {
+        let no_rows = [u32::MAX];
+        let item = ProduceItem {
+            request: *request,
+            endpoints: RSlice::from_slice(&endpoints),
+            attrs: AttrView {
+                values: RSlice::from_slice(&[]),
+                stride: endpoints.len() as u32,
+                rows: RSlice::from_slice(&no_rows),
+            },
+            out_offset: 0,
+        };
+        let mut out = vec![AttrValue::Absent; endpoints.len()];
+        producer.produce(&[item], &mut out).expect("produce");
+        out.iter()
+            .map(|value| {
+                value
+                    .prefix_cache_match()
+                    .expect("written on every candidate")
+            })
+            .collect()
+    })
+}
+
+fn dispatch(producer: &PluginInstance, prompts: &[&[u32]], to: Endpoint) {
+    let endpoint = views(&[to])[0];
+    with_request(prompts, |request| producer.dispatched(request, &endpoint)).expect("dispatched");
+}
+
+fn pmi(match_blocks: u64, total_blocks: u64, block_size_tokens: u64) -> PrefixCacheMatchInfo {
+    PrefixCacheMatchInfo {
+        match_blocks,
+        total_blocks,
+        block_size_tokens,
+    }
+}
+
+/// 192 tokens: three 64-token blocks.
+fn three_blocks() -> Vec<u32> {
+    (0..192).collect()
+}
+
+#[test]
+fn declarations_name_the_instance_and_the_token_producer() {
+    let declared = instance("null").declarations();
+    assert_eq!(
+        declared.produces.as_slice(),
+        [DataKey::new(PREFIX_CACHE_MATCH_INFO, "approx")]
+    );
+    assert_eq!(
+        declared.consumes.as_slice(),
+        [ConsumedKey {
+            key: DataKey::new(TOKENIZED_PROMPT, TOKEN_PRODUCER),
+            required: true,
+        }]
+    );
+    assert_eq!(declared.batch(), None);
+    assert_eq!(declared.timeout_ms, 0);
+}
+
+#[test]
+fn dispatched_requests_are_matched_on_their_endpoint() {
+    let producer = instance("null");
+    let a = endpoint(4, "ns/a", 16, 0);
+    let b = endpoint(1, "ns/b", 16, 0);
+    let first = three_blocks();
+    assert_eq!(
+        produce(&producer, &[&first], &[a, b]),
+        [pmi(0, 3, 64), pmi(0, 3, 64)]
+    );
+
+    dispatch(&producer, &[&first], a);
+    assert_eq!(
+        produce(&producer, &[&first], &[a, b]),
+        [pmi(3, 3, 64), pmi(0, 3, 64)]
+    );
+    assert_eq!(
+        produce(&producer, &[&first], &[b, a]),
+        [pmi(0, 3, 64), pmi(3, 3, 64)],
+        "found by host index in any slot"
+    );
+
+    let mut second = first.clone();
+    second[150] = 999_999;
+    assert_eq!(
+        produce(&producer, &[&second], &[a, b]),
+        [pmi(2, 3, 64), pmi(0, 3, 64)]
+    );
+}
+
+#[test]
+fn the_first_candidates_reported_block_size_is_used_under_auto_tune() {
+    let producer = instance("null");
+    let big = endpoint(0, "ns/a", 128, 0);
+    let tokens = three_blocks();
+    assert_eq!(produce(&producer, &[&tokens], &[big]), [pmi(0, 2, 128)]);
+
+    let fixed = instance(r#"{"autoTune": false, "blockSizeTokens": 96}"#);
+    assert_eq!(produce(&fixed, &[&tokens], &[big]), [pmi(0, 2, 96)]);
+}
+
+#[test]
+fn capacity_follows_the_endpoints_cache_size() {
+    let producer = instance("null");
+    // Two server blocks of 64 tokens hold two of our blocks; the first two survive.
+    let small = endpoint(0, "ns/a", 64, 2);
+    let tokens = three_blocks();
+    dispatch(&producer, &[&tokens], small);
+    assert_eq!(produce(&producer, &[&tokens], &[small]), [pmi(2, 3, 64)]);
+}
+
+#[test]
+fn matches_sum_over_prompts() {
+    let producer = instance("null");
+    let a = endpoint(0, "ns/a", 0, 0);
+    let first = three_blocks();
+    let second: Vec<u32> = (1000..1064).collect();
+    dispatch(&producer, &[&first, &second], a);
+    assert_eq!(
+        produce(&producer, &[&first, &second], &[a]),
+        [pmi(4, 4, 64)]
+    );
+    assert_eq!(produce(&producer, &[&second], &[a]), [pmi(1, 1, 64)]);
+}
+
+#[test]
+fn a_request_without_tokens_gets_zero_blocks() {
+    let producer = instance("null");
+    let a = endpoint(0, "ns/a", 0, 0);
+    dispatch(&producer, &[], a);
+    assert_eq!(produce(&producer, &[], &[a]), [pmi(0, 0, 64)]);
+    assert_eq!(produce(&producer, &[&[]], &[a]), [pmi(0, 0, 64)]);
+}
+
+#[test]
+fn another_endpoint_taking_over_a_host_index_starts_empty() {
+    let producer = instance("null");
+    let tokens = three_blocks();
+    dispatch(&producer, &[&tokens], endpoint(0, "ns/old", 0, 0));
+    dispatch(&producer, &[&[7; 64]], endpoint(0, "ns/new", 0, 0));
+    assert_eq!(
+        produce(&producer, &[&tokens], &[endpoint(0, "ns/new", 0, 0)]),
+        [pmi(0, 3, 64)]
+    );
+}
+
+#[test]
+fn state_lists_endpoints_and_distinct_blocks() {
+    let producer = instance("null");
+    let shared = three_blocks();
+    dispatch(&producer, &[&shared], endpoint(2, "ns/a", 0, 0));
+    dispatch(&producer, &[&shared[..64]], endpoint(0, "ns/b", 0, 0));
+    let state: serde_json::Value =
+        serde_json::from_str(&producer.extension("state", "").expect("state")).unwrap();
+    assert_eq!(
+        state,
+        json!({
+            "endpoints": [
+                {"hostIndex": 0, "id": "ns/b", "blocks": 1},
+                {"hostIndex": 2, "id": "ns/a", "blocks": 3},
+            ],
+            "distinctBlocks": 3,
+        })
+    );
+}
+
+#[test]
+fn unknown_parameter_is_refused_with_its_name() {
+    let error = match (FACTORY.create)("approx", r#"{"blockSizeToken": 64}"#) {
+        Ok(_) => panic!("unknown parameter accepted"),
+        Err(error) => error,
+    };
+    assert_eq!(error.kind, ErrorKind::InvalidParameter);
+    assert_eq!(error.field.as_str(), "blockSizeToken");
+}
+
+#[test]
+fn out_of_range_parameter_is_refused_with_its_name_and_range() {
+    let error = match (FACTORY.create)("approx", r#"{"lruCapacityPerServer": 0}"#) {
+        Ok(_) => panic!("out-of-range parameter accepted"),
+        Err(error) => error,
+    };
+    assert_eq!(error.kind, ErrorKind::InvalidParameter);
+    assert_eq!(error.field.as_str(), "lruCapacityPerServer");
+    assert_eq!(
+        error.message.as_str(),
+        "lruCapacityPerServer must be >= 1 (got 0)"
+    );
+}
+
+#[test]
+fn documented_parameters_are_the_config_fields_with_their_defaults() {
+    assert_eq!(FACTORY.parameters.len(), 6);
+    for param in FACTORY.parameters {
+        let json = format!("{{\"{}\": {}}}", param.name, param.default);
+        assert_eq!(
+            ApproxPrefixCacheConfig::parse(&json).expect(&json),
+            ApproxPrefixCacheConfig::default(),
+            "{}",
+            param.name
+        );
+    }
+}

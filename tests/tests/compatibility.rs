@@ -1,0 +1,118 @@
+//! A host built against plugin API 1.N loads libraries built against 1.M with M ≤ N, and
+//! refuses libraries of another major version or with different boundary layouts, with a
+//! short message.
+
+use switchyard_plugin_api::ffi::{RSlice, RStr, RString};
+use switchyard_plugin_api::loading::{load_library, LoadProblem};
+use switchyard_plugin_api::{ApiVersion, AttrView, EndpointMetrics, EndpointView, RequestView};
+use switchyard_tests::{fixture_library, plugin_dir};
+
+fn endpoint(slot: u32) -> EndpointView<'static> {
+    EndpointView {
+        slot,
+        host_index: slot,
+        id: RStr::from("/pod"),
+        address: RStr::from("127.0.0.1:9000"),
+        role: RStr::from(""),
+        metrics: EndpointMetrics::default(),
+    }
+}
+
+fn request() -> RequestView<'static> {
+    RequestView {
+        id: RStr::from("r"),
+        model: RStr::from("m"),
+        cache_salt: RStr::from(""),
+        prompts: RSlice::from_slice(&[]),
+        max_output_tokens: -1,
+        now_ms: 0,
+        random_seed: 1,
+        explain: false,
+    }
+}
+
+#[test]
+fn a_library_built_against_an_older_minor_loads_and_works() {
+    assert!(ApiVersion::CURRENT.minor >= 1, "the host is at least 1.1");
+    let library = load_library(&fixture_library("older-minor-plugin")).expect("loads");
+    assert_eq!(
+        (library.api_version().major, library.api_version().minor),
+        (1, 0)
+    );
+    let types = library.types();
+    assert_eq!(types.len(), 1);
+    assert_eq!(types[0].type_name.as_str(), "older-minor-scorer");
+
+    let scorer = library
+        .create("older-minor-scorer", "old", "null")
+        .expect("creates");
+    let endpoints = [endpoint(0), endpoint(1)];
+    let mut scores = [0.0; 2];
+    let mut note = RString::new();
+    scorer
+        .score(&request(), &endpoints, &AttrView::EMPTY, &mut scores, &mut note)
+        .expect("scores");
+    assert_eq!(scores, [0.5, 0.5]);
+
+    // The `state` capability arrived in 1.1: a 1.0 library does not know it, and says so
+    // instead of failing to load.
+    let error = scorer
+        .extension(switchyard_plugin_api::sdk::extensions::STATE, "")
+        .expect_err("unknown to 1.0");
+    assert_eq!(error.kind, switchyard_plugin_api::ErrorKind::Unsupported);
+}
+
+#[test]
+fn current_libraries_answer_the_state_capability() {
+    let path = plugin_dir().join(switchyard::config::library_file_name("panicking_plugin"));
+    let library = load_library(&path).expect("loads");
+    assert_eq!(library.api_version(), ApiVersion::CURRENT);
+    let scorer = library.create("panicking-scorer", "p", "null").unwrap();
+    assert_eq!(
+        scorer
+            .extension(switchyard_plugin_api::sdk::extensions::STATE, "")
+            .unwrap(),
+        "null"
+    );
+}
+
+#[test]
+fn a_library_of_another_major_is_refused_in_a_few_lines() {
+    let path = fixture_library("future-major-plugin");
+    let error = load_library(&path).err().expect("refused");
+    assert!(
+        matches!(&error.problem, LoadProblem::Version { library, .. } if library == "2.0.0"),
+        "{:?}",
+        error.problem
+    );
+    let message = error.to_string();
+    assert!(message.contains(&path.display().to_string()), "{message}");
+    assert!(message.contains("plugin API 2.0.0"), "{message}");
+    assert!(message.contains("rebuild the library"), "{message}");
+    assert!(message.lines().count() <= 4, "{message}");
+}
+
+#[test]
+fn a_library_with_a_different_layout_is_refused_in_a_few_lines() {
+    let path = fixture_library("mismatched-layout-plugin");
+    let error = load_library(&path).err().expect("refused");
+    let LoadProblem::Layout(lines) = &error.problem else {
+        panic!("expected a layout refusal, got {:?}", error.problem);
+    };
+    assert!(!lines.is_empty());
+    let message = error.to_string();
+    assert!(message.contains("boundary types differ"), "{message}");
+    assert!(message.lines().count() <= 7, "{message}");
+    assert!(
+        error.detail.lines().count() > message.lines().count(),
+        "the full report is kept for debug output"
+    );
+}
+
+#[test]
+fn a_file_that_is_not_a_library_is_refused() {
+    let path = switchyard_tests::workspace_root().join("README.md");
+    let error = load_library(&path).err().expect("refused");
+    assert!(matches!(error.problem, LoadProblem::Open(_)), "{:?}", error.problem);
+    assert!(error.to_string().contains("cannot open plugin library"));
+}
