@@ -5,5 +5,5 @@ pub mod effective;
 pub mod pipeline;
 pub mod plugins;
 pub mod replay;
-pub mod simulate;
 pub mod sim;
+pub mod simulate;

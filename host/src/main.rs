@@ -12,7 +12,11 @@ use switchyard::sim::{self, FleetConfig, SimRouter, Workload};
 use switchyard::{effective, replay, simulate};
 
 #[derive(Parser)]
-#[command(name = "switchyard", version, about = "Endpoint picker for LLM inference fleets")]
+#[command(
+    name = "switchyard",
+    version,
+    about = "Endpoint picker for LLM inference fleets"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -128,7 +132,10 @@ fn run(command: Command) -> Result<(), String> {
         Command::Plugins(common) => {
             let config = read_config(&common.config)?;
             let registry = load_registry(&config, &common.options()).map_err(|e| e.to_string())?;
-            println!("{:<34} {:<9} {:<9} {:<5} SOURCE", "TYPE", "KIND", "STABILITY", "API");
+            println!(
+                "{:<34} {:<9} {:<9} {:<5} SOURCE",
+                "TYPE", "KIND", "STABILITY", "API"
+            );
             for t in registry.iter() {
                 println!(
                     "{:<34} {:<9} {:<9} {:<5} {}",
@@ -167,7 +174,8 @@ fn run(command: Command) -> Result<(), String> {
             };
             let (placed, rejected) = replay::run(&mut scheduler, &lines, !brief, &mut *sink)
                 .map_err(|e| format!("writing decisions: {e}"))?;
-            sink.flush().map_err(|e| format!("writing decisions: {e}"))?;
+            sink.flush()
+                .map_err(|e| format!("writing decisions: {e}"))?;
             eprintln!("{placed} requests placed, {rejected} rejected");
             Ok(())
         }
@@ -214,9 +222,7 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
     if let Some(replicas) = args.replicas {
         fleet.replicas = replicas;
     }
-    fleet
-        .validate()
-        .map_err(|e| format!("--replicas: {e}"))?;
+    fleet.validate().map_err(|e| format!("--replicas: {e}"))?;
     let (label, requests) = match &args.trace {
         Some(path) => (
             format!("trace {}", path.display()),

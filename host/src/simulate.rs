@@ -56,7 +56,11 @@ impl PipelineRouter {
             };
             self.decided.push(sim::Decision {
                 request,
-                replica: decision.result.as_ref().ok().and_then(|c| c.first().copied()),
+                replica: decision
+                    .result
+                    .as_ref()
+                    .ok()
+                    .and_then(|c| c.first().copied()),
                 note: decision.result.err().map(|e| e.to_string()),
             });
         }
@@ -129,7 +133,11 @@ pub fn pipeline_router(
     let registry = load_registry(config, options)?;
     let pipeline = build(config, &registry, options)?;
     let scheduler = Scheduler::new(Arc::new(pipeline), sim_fleet(fleet), seed);
-    Ok(PipelineRouter::new(name.to_string(), scheduler, fleet.clone()))
+    Ok(PipelineRouter::new(
+        name.to_string(),
+        scheduler,
+        fleet.clone(),
+    ))
 }
 
 /// The approx-prefix + load baseline, resolving its libraries like the main config's.

@@ -24,7 +24,7 @@ pub mod sdk;
 
 pub use abi::*;
 pub use sdk::{
-    log, Filter, FilterOutput, PluginFactory, Picker, ProduceBatch, Producer, Scorer, ScoreOutput,
+    log, Filter, FilterOutput, Picker, PluginFactory, ProduceBatch, Producer, ScoreOutput, Scorer,
 };
 
 /// Re-exported so that [`export_plugins!`] expands without the library naming abi_stable.

@@ -68,7 +68,10 @@ pub enum LoadProblem {
     /// The library exports no switchyard root module.
     NotAPlugin,
     /// Built against an API version this host does not load.
-    Version { library: String, host: ApiVersion },
+    Version {
+        library: String,
+        host: ApiVersion,
+    },
     /// Boundary types differ; one line per difference.
     Layout(Vec<String>),
     /// Built with `panic = "abort"`: a panic would end the host.

@@ -24,7 +24,13 @@ fn cargo() -> String {
 pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .map(|p| if p.is_absolute() { p } else { workspace_root().join(p) })
+        .map(|p| {
+            if p.is_absolute() {
+                p
+            } else {
+                workspace_root().join(p)
+            }
+        })
         .unwrap_or_else(|| workspace_root().join("target"))
 }
 
@@ -101,10 +107,7 @@ pub fn config(name: &str, toml: &str) -> LoadedConfig {
     try_config(name, toml).unwrap_or_else(|e| panic!("config {name} is valid: {e}"))
 }
 
-pub fn try_config(
-    name: &str,
-    toml: &str,
-) -> Result<LoadedConfig, switchyard::config::ConfigError> {
+pub fn try_config(name: &str, toml: &str) -> Result<LoadedConfig, switchyard::config::ConfigError> {
     let path = workspace_root().join(format!("tests/generated/{name}.toml"));
     LoadedConfig::parse(&path, toml.to_string())
 }
@@ -130,7 +133,12 @@ pub fn scheduler(name: &str, toml: &str, seed: u64) -> Scheduler {
 /// `[[endpoints]]` entries `pod1..podN` on loopback.
 pub fn endpoints(n: usize) -> String {
     (1..=n)
-        .map(|i| format!("[[endpoints]]\nname = \"pod{i}\"\naddress = \"127.0.0.1:{}\"\n", 9000 + i))
+        .map(|i| {
+            format!(
+                "[[endpoints]]\nname = \"pod{i}\"\naddress = \"127.0.0.1:{}\"\n",
+                9000 + i
+            )
+        })
         .collect::<Vec<_>>()
         .join("\n")
 }

@@ -33,7 +33,7 @@ fn request() -> RequestView<'static> {
 
 #[test]
 fn a_library_built_against_an_older_minor_loads_and_works() {
-    assert!(ApiVersion::CURRENT.minor >= 1, "the host is at least 1.1");
+    const { assert!(ApiVersion::CURRENT.minor >= 1, "the host is at least 1.1") };
     let library = load_library(&fixture_library("older-minor-plugin")).expect("loads");
     assert_eq!(
         (library.api_version().major, library.api_version().minor),
@@ -50,7 +50,13 @@ fn a_library_built_against_an_older_minor_loads_and_works() {
     let mut scores = [0.0; 2];
     let mut note = RString::new();
     scorer
-        .score(&request(), &endpoints, &AttrView::EMPTY, &mut scores, &mut note)
+        .score(
+            &request(),
+            &endpoints,
+            &AttrView::EMPTY,
+            &mut scores,
+            &mut note,
+        )
         .expect("scores");
     assert_eq!(scores, [0.5, 0.5]);
 
@@ -113,6 +119,10 @@ fn a_library_with_a_different_layout_is_refused_in_a_few_lines() {
 fn a_file_that_is_not_a_library_is_refused() {
     let path = switchyard_tests::workspace_root().join("README.md");
     let error = load_library(&path).err().expect("refused");
-    assert!(matches!(error.problem, LoadProblem::Open(_)), "{:?}", error.problem);
+    assert!(
+        matches!(error.problem, LoadProblem::Open(_)),
+        "{:?}",
+        error.problem
+    );
     assert!(error.to_string().contains("cannot open plugin library"));
 }

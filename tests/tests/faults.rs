@@ -59,5 +59,8 @@ fn repeated_panics_switch_the_plugin_off() {
     assert!(decisions[0].result.is_ok());
     let stats = scheduler.stats();
     let (_, scorer) = stats.iter().find(|(n, _)| n == "panicking-scorer").unwrap();
-    assert_eq!(scorer.calls, calls_before, "a switched-off plugin is not called");
+    assert_eq!(
+        scorer.calls, calls_before,
+        "a switched-off plugin is not called"
+    );
 }

@@ -143,4 +143,3 @@ macro_rules! export_plugins {
         }
     };
 }
-

@@ -5,8 +5,8 @@
 //! entry point runs under `catch_unwind` inside the library, so a panic becomes an
 //! [`ErrorKind::Panicked`](crate::ErrorKind::Panicked) error for that one call.
 
-pub mod extensions;
 mod export;
+pub mod extensions;
 pub mod log;
 mod params;
 mod shims;
@@ -84,8 +84,11 @@ pub trait Producer: Send + Sync + 'static {
     fn declare(&self) -> Declare;
 
     /// Called once per request, or once per sealed batch when [`Declare::batch`] is set.
-    fn produce(&self, items: &[ProduceItem<'_>], out: &mut ProduceBatch<'_>)
-        -> Result<(), PluginError>;
+    fn produce(
+        &self,
+        items: &[ProduceItem<'_>],
+        out: &mut ProduceBatch<'_>,
+    ) -> Result<(), PluginError>;
 
     /// The request was sent to `endpoint`.
     fn dispatched(&self, _request: &RequestView<'_>, _endpoint: &EndpointView<'_>) {}

@@ -49,7 +49,10 @@ mod tests {
 
     #[test]
     fn null_gives_defaults() {
-        assert_eq!(parse_parameters::<Sample>("null").unwrap(), Sample::default());
+        assert_eq!(
+            parse_parameters::<Sample>("null").unwrap(),
+            Sample::default()
+        );
         assert_eq!(parse_parameters::<Sample>("").unwrap(), Sample::default());
     }
 
@@ -57,7 +60,11 @@ mod tests {
     fn unknown_field_is_named() {
         let error = parse_parameters::<Sample>(r#"{"windowMs": 1, "bogus": 2}"#).unwrap_err();
         assert_eq!(error.field.as_str(), "bogus");
-        assert!(error.message.contains("unknown field `bogus`"), "{}", error.message);
+        assert!(
+            error.message.contains("unknown field `bogus`"),
+            "{}",
+            error.message
+        );
         assert!(!error.message.contains("line"), "{}", error.message);
     }
 

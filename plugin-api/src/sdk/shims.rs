@@ -183,7 +183,12 @@ unsafe extern "C" fn pick(
 ) -> RResult<u32, PluginError> {
     guarded(|| match instance(this) {
         Instance::Picker(p) => p
-            .pick(request, endpoints.as_slice(), scores.as_slice(), &mut picked)
+            .pick(
+                request,
+                endpoints.as_slice(),
+                scores.as_slice(),
+                &mut picked,
+            )
             .map(|count| count as u32),
         _ => Err(wrong_kind("pick")),
     })
@@ -242,5 +247,7 @@ unsafe extern "C" fn extension(
 
 unsafe extern "C" fn drop_instance(this: *mut c_void) {
     // A panicking destructor must not unwind into the host; the instance is gone either way.
-    let _ = catch_unwind(AssertUnwindSafe(|| drop(Box::from_raw(this.cast::<Instance>()))));
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        drop(Box::from_raw(this.cast::<Instance>()))
+    }));
 }
