@@ -56,8 +56,11 @@ pub fn render(config: &LoadedConfig, registry: &Registry, pipeline: &Pipeline) -
                 Some(value) => {
                     let _ = writeln!(out, "{} = {}", doc.name, value);
                 }
-                None => {
+                None if is_toml_value(&doc.default) => {
                     let _ = writeln!(out, "{} = {}  # default", doc.name, doc.default);
+                }
+                None => {
+                    let _ = writeln!(out, "# {} is unset by default ({})", doc.name, doc.default);
                 }
             }
         }
@@ -102,4 +105,8 @@ pub fn render(config: &LoadedConfig, registry: &Registry, pipeline: &Pipeline) -
 
 fn toml_string(text: &str) -> String {
     toml::Value::String(text.to_string()).to_string()
+}
+
+fn is_toml_value(text: &str) -> bool {
+    format!("value = {text}").parse::<toml::Table>().is_ok()
 }

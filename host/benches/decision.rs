@@ -1,0 +1,166 @@
+//! Cost of one scheduling decision, the batch window's wait excluded, with the plugin
+//! libraries loaded from their release builds.
+//!
+//! One iteration submits a request at virtual time `t`, advances the clock to the end of the
+//! window (no real waiting), and completes the request so in-flight state stays bounded.
+//! Prompts rotate over a small pool so prefix state sees both repeats and other prompts.
+
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
+use switchyard::config::LoadedConfig;
+use switchyard::pipeline::{
+    build, load_registry, Endpoint, Fleet, Options, Prompt, Request, Scheduler,
+};
+use switchyard_plugin_api::{EndpointMetrics, Outcome};
+
+const PLUGIN_PACKAGES: &[&str] = &[
+    "burst-prefix-cache-producer",
+    "prefix-cache-scorer",
+    "prefix-cache-affinity-filter",
+    "approx-prefix-cache-producer",
+];
+const PROMPT_TOKENS: &[usize] = &[8 * 1024, 32 * 1024];
+const ENDPOINT_COUNTS: &[usize] = &[8, 64, 256];
+/// Distinct prompts the requests rotate over.
+const PROMPT_POOL: usize = 8;
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("host/ sits in the workspace")
+        .to_path_buf()
+}
+
+/// Builds the plugin libraries in release mode and returns the directory holding them.
+fn release_plugin_dir() -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let mut command = Command::new(cargo);
+    command
+        .current_dir(workspace_root())
+        .args(["build", "--release", "--quiet"]);
+    for package in PLUGIN_PACKAGES {
+        command.args(["-p", package]);
+    }
+    let status = command.status().expect("cargo runs");
+    assert!(status.success(), "building the plugin libraries failed");
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .map(|p| {
+            if p.is_absolute() {
+                p
+            } else {
+                workspace_root().join(p)
+            }
+        })
+        .unwrap_or_else(|| workspace_root().join("target"))
+        .join("release")
+}
+
+fn fleet(n: usize) -> Fleet {
+    Fleet::new(
+        (0..n)
+            .map(|i| Endpoint {
+                id: format!("bench/pod{i}"),
+                address: format!("127.0.0.1:{}", 9000 + i),
+                role: String::new(),
+                metrics: EndpointMetrics {
+                    running_requests: (i % 7) as u32,
+                    waiting_requests: (i % 3) as u32,
+                    kv_cache_usage: (i % 10) as f64 / 10.0,
+                    ..EndpointMetrics::default()
+                },
+            })
+            .collect(),
+    )
+}
+
+/// Prompt `k` of the pool: distinct from its first token on.
+fn prompt(k: usize, tokens: usize) -> Vec<u32> {
+    (0..tokens as u32)
+        .map(|t| t.wrapping_mul(2_654_435_761) ^ (k as u32).wrapping_mul(40_503))
+        .collect()
+}
+
+/// The window of the config's batching producer, in ms (0 when nothing batches).
+fn window_ms(scheduler: &Scheduler) -> f64 {
+    scheduler
+        .pipeline()
+        .plugins
+        .iter()
+        .filter_map(|p| p.declarations.batch())
+        .map(|b| b.window_ms as f64)
+        .fold(0.0, f64::max)
+}
+
+fn bench_config(c: &mut Criterion, plugin_dir: &Path, file: &str, label: &str) {
+    let path = workspace_root().join("configs").join(file);
+    let config = LoadedConfig::read(&path).unwrap_or_else(|e| panic!("{e}"));
+    let options = Options {
+        allow_experimental_plugins: true,
+        plugin_dirs: vec![plugin_dir.to_path_buf()],
+    };
+    let registry = load_registry(&config, &options).unwrap_or_else(|e| panic!("{e}"));
+
+    let mut group = c.benchmark_group(format!("decision/{label}"));
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2));
+    for &tokens in PROMPT_TOKENS {
+        let pool: Vec<Vec<u32>> = (0..PROMPT_POOL).map(|k| prompt(k, tokens)).collect();
+        for &endpoints in ENDPOINT_COUNTS {
+            let pipeline = build(&config, &registry, &options).unwrap_or_else(|e| panic!("{e}"));
+            let mut scheduler = Scheduler::new(Arc::new(pipeline), fleet(endpoints), 7);
+            let window = window_ms(&scheduler);
+            let mut next = 0usize;
+            let mut now = 0.0f64;
+            let id = BenchmarkId::new(format!("{}k_tokens", tokens / 1024), endpoints);
+            group.bench_function(id, |b| {
+                b.iter_batched(
+                    || {
+                        next += 1;
+                        Request {
+                            id: format!("r{next}"),
+                            model: "bench-model".to_string(),
+                            cache_salt: String::new(),
+                            prompt: Prompt::Tokens(vec![pool[next % PROMPT_POOL].clone()]),
+                            max_output_tokens: Some(256),
+                        }
+                    },
+                    |request| {
+                        let request_id = request.id.clone();
+                        let mut decisions = scheduler.submit(request, now);
+                        now += window;
+                        decisions.extend(scheduler.advance(now));
+                        assert_eq!(decisions.len(), 1, "one decision per request");
+                        assert!(decisions[0].result.is_ok(), "the request is placed");
+                        scheduler.complete(&request_id, Outcome::Finished, now);
+                        now += 1.0;
+                        black_box(decisions)
+                    },
+                    BatchSize::SmallInput,
+                )
+            });
+        }
+    }
+    group.finish();
+}
+
+fn decision(c: &mut Criterion) {
+    let plugin_dir = release_plugin_dir();
+    bench_config(c, &plugin_dir, "default.toml", "default");
+    bench_config(
+        c,
+        &plugin_dir,
+        "approx-prefix-load.toml",
+        "approx_prefix_load",
+    );
+}
+
+criterion_group!(benches, decision);
+criterion_main!(benches);
