@@ -124,16 +124,17 @@ fn bench_config(c: &mut Criterion, plugin_dir: &Path, file: &str, label: &str) {
                 b.iter_batched(
                     || {
                         next += 1;
-                        Request {
+                        let request = Request {
                             id: format!("r{next}"),
                             model: "bench-model".to_string(),
                             cache_salt: String::new(),
                             prompt: Prompt::Tokens(vec![pool[next % PROMPT_POOL].clone()]),
                             max_output_tokens: Some(256),
-                        }
-                    },
-                    |request| {
+                        };
                         let request_id = request.id.clone();
+                        (request, request_id)
+                    },
+                    |(request, request_id)| {
                         let mut decisions = scheduler.submit(request, now);
                         now += window;
                         decisions.extend(scheduler.advance(now));

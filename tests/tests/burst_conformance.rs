@@ -144,7 +144,7 @@ fn assigned(
         let picked: Vec<String> = decision.endpoints.iter().map(|e| short(e)).collect();
         assert_eq!(
             &picked,
-            &[pod.clone()],
+            std::slice::from_ref(pod),
             "{}: the scorer sends it there",
             decision.request_id
         );
@@ -507,7 +507,7 @@ fn max_batch_size_overflow_gets_the_error_and_is_still_scheduled() {
     let (_, burst_stats) = stats.iter().find(|(n, _)| n == PRODUCER).unwrap();
     assert_eq!(burst_stats.batch_overflows, 1);
 
-    let rest = scheduler.advance(100.0);
+    let rest = scheduler.advance(WINDOW_MS as f64);
     let got: Vec<_> = rest.iter().map(|d| assigned(d, 3, 1, 2)).collect();
     assert_eq!(got, rep("pod1", 2));
 }

@@ -1,0 +1,282 @@
+//! The `switchyard` binary as a user runs it: check, plugins, replay and simulate.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use switchyard_tests::{plugin_dir, target_dir, workspace_root};
+
+fn binary() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        // The plugin build and this one share the cargo lock; build the plugins first.
+        plugin_dir();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", "-p", "switchyard"])
+            .current_dir(workspace_root())
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "switchyard builds");
+        target_dir().join("debug/switchyard")
+    })
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(binary())
+        .args(args)
+        .current_dir(workspace_root())
+        .env_remove("SWITCHYARD_PLUGIN_DIR")
+        .output()
+        .expect("switchyard runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// A fresh directory under the system temp dir.
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("switchyard-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+fn plugin_dir_arg() -> String {
+    plugin_dir().display().to_string()
+}
+
+#[test]
+fn check_prints_the_effective_default_config() {
+    let out = run(&[
+        "check",
+        "--config",
+        "configs/default.toml",
+        "--plugin-dir",
+        &plugin_dir_arg(),
+    ]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}\n{}", text, stderr(&out));
+    assert!(
+        text.starts_with("# effective configuration of configs/default.toml"),
+        "{text}"
+    );
+    // Parameters left out of the file are printed with their default, marked as such.
+    assert!(
+        text.contains("maxPrefixTokensToMatch = 0  # default"),
+        "{text}"
+    );
+    assert!(
+        text.contains("matchLengthScaleTokens = 8192  # default"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ttftSource = \"prefillThroughput\"  # default"),
+        "{text}"
+    );
+    // Parameters given in the file are not marked.
+    assert!(text.contains("\nwindowDurationMs = 100\n"), "{text}");
+    assert!(text.contains("source built-in"), "{text}");
+    assert!(text.contains("libburst_prefix_cache_producer.so"), "{text}");
+    assert!(
+        text.contains(
+            "# producer order: \"token-producer\", \"burst-prefix-cache-producer\", \
+             \"inflight-load-producer\""
+        ),
+        "{text}"
+    );
+}
+
+#[test]
+fn check_shows_auto_created_producers() {
+    let dir = temp_dir("auto");
+    let default = std::fs::read_to_string(workspace_root().join("configs/default.toml")).unwrap();
+    let without_load = default.replace("[[plugins]]\ntype = \"inflight-load-producer\"\n", "");
+    assert_ne!(
+        without_load, default,
+        "the default config lists the load producer"
+    );
+    let path = dir.join("auto.toml");
+    std::fs::write(&path, without_load).unwrap();
+    let out = run(&[
+        "check",
+        "--config",
+        path.to_str().unwrap(),
+        "--plugin-dir",
+        &plugin_dir_arg(),
+    ]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}\n{}", text, stderr(&out));
+    let block = text
+        .split("[[plugins]]")
+        .find(|b| b.contains("type = \"inflight-load-producer\""))
+        .expect("the load producer is printed");
+    assert!(block.contains("created automatically"), "{block}");
+    assert!(text.contains("\"inflight-load-producer\""), "{text}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn plugins_lists_types_with_kind_stability_api_and_source() {
+    let out = run(&[
+        "plugins",
+        "--config",
+        "configs/default.toml",
+        "--plugin-dir",
+        &plugin_dir_arg(),
+    ]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}\n{}", text, stderr(&out));
+    let header: Vec<&str> = text.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["TYPE", "KIND", "STABILITY", "API", "SOURCE"]);
+    let row = |type_name: &str| -> Vec<String> {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(type_name))
+            .unwrap_or_else(|| panic!("{type_name} listed: {text}"))
+            .split_whitespace()
+            .map(String::from)
+            .collect()
+    };
+    let burst = row("burst-prefix-cache-producer");
+    assert_eq!(&burst[1..3], ["producer", "alpha"]);
+    assert!(
+        burst[4].ends_with("libburst_prefix_cache_producer.so"),
+        "{burst:?}"
+    );
+    assert!(Path::new(&burst[4]).is_absolute(), "{burst:?}");
+    let filter = row("prefix-cache-affinity-filter");
+    assert_eq!(&filter[1..3], ["filter", "beta"]);
+    assert!(filter[4].ends_with("libprefix_cache_affinity_filter.so"));
+    let scorer = row("prefix-cache-scorer");
+    assert_eq!(scorer[1], "scorer");
+    assert!(scorer[4].ends_with("libprefix_cache_scorer.so"));
+    let approx = row("approx-prefix-cache-producer");
+    assert!(approx[4].ends_with("libapprox_prefix_cache_producer.so"));
+    for builtin in [
+        "token-producer",
+        "inflight-load-producer",
+        "max-score-picker",
+        "load-aware-scorer",
+    ] {
+        assert_eq!(row(builtin)[4], "built-in", "{builtin}");
+    }
+    assert_eq!(row("max-score-picker")[1], "picker");
+    assert_eq!(burst[3], row("token-producer")[3], "one API version");
+}
+
+#[test]
+fn replay_writes_one_line_per_request_with_records() {
+    let dir = temp_dir("replay");
+    let input = dir.join("requests.jsonl");
+    std::fs::write(
+        &input,
+        "{\"arrival_ms\":0,\"id\":\"a\",\"model\":\"m\",\"tokens\":[1,2,3,4]}\n\
+         # a comment line\n\
+         {\"arrival_ms\":1,\"id\":\"b\",\"model\":\"m\",\"tokens\":[1,2,3,4]}\n\
+         {\"arrival_ms\":500,\"id\":\"c\",\"model\":\"m\",\"tokens\":[9,9]}\n",
+    )
+    .unwrap();
+    let out = run(&[
+        "replay",
+        "--config",
+        "configs/default.toml",
+        "--plugin-dir",
+        &plugin_dir_arg(),
+        "--input",
+        input.to_str().unwrap(),
+    ]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}\n{}", text, stderr(&out));
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    let ids: Vec<&str> = lines.iter().map(|l| l["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["a", "b", "c"]);
+    // a and b share the window opened at 0 and sealed at 100: co-located on the first replica.
+    for line in &lines[..2] {
+        assert_eq!(line["decided_ms"], 100.0);
+        assert_eq!(line["endpoints"], serde_json::json!(["/replica-0"]));
+        let decision = &line["decision"];
+        assert_eq!(decision["window"]["batch_size"], 2);
+        assert_eq!(decision["window"]["opened_ms"], 0.0);
+        assert_eq!(decision["picked"], serde_json::json!(["/replica-0"]));
+        assert_eq!(decision["candidates"].as_array().unwrap().len(), 4);
+    }
+    // c is alone in a window opened at 500.
+    assert_eq!(lines[2]["decided_ms"], 600.0);
+    assert_eq!(lines[2]["decision"]["window"]["batch_size"], 1);
+    assert_eq!(lines[2]["endpoints"].as_array().unwrap().len(), 1);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn replay_names_a_bad_line_and_fails() {
+    let dir = temp_dir("replay-bad");
+    let input = dir.join("bad.jsonl");
+    std::fs::write(
+        &input,
+        "{\"arrival_ms\":0,\"id\":\"a\",\"tokens\":[1,2]}\n{\"arrival\":1,\"tokens\":[1]}\n",
+    )
+    .unwrap();
+    let out = run(&[
+        "replay",
+        "--config",
+        "configs/default.toml",
+        "--plugin-dir",
+        &plugin_dir_arg(),
+        "--input",
+        input.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("line 2"), "{err}");
+    assert!(err.contains("arrival"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn simulate_writes_a_report_per_pipeline() {
+    let dir = temp_dir("simulate");
+    let out = run(&[
+        "simulate",
+        "--config",
+        "configs/default.toml",
+        "--plugin-dir",
+        &plugin_dir_arg(),
+        "--set",
+        "steps=1",
+        "--output",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    let pipelines = report.as_array().expect("one object per pipeline");
+    let names: Vec<&str> = pipelines
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names[0], "default", "{names:?}");
+    assert!(names.contains(&"round-robin"), "{names:?}");
+    assert!(names.contains(&"least-in-flight"), "{names:?}");
+    let requests = pipelines[0]["requests"].as_u64().unwrap();
+    assert!(requests > 0);
+    for p in pipelines {
+        assert_eq!(
+            p["requests"].as_u64(),
+            Some(requests),
+            "same workload for {}",
+            p["name"]
+        );
+        assert!(p.get("cache_hit_rate").is_some());
+    }
+    assert!(dir.join("report.html").exists());
+    let _ = std::fs::remove_dir_all(dir);
+}
