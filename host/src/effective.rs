@@ -31,7 +31,7 @@ pub fn render(config: &LoadedConfig, registry: &Registry, pipeline: &Pipeline) -
             plugin.stability,
             plugin.source,
             if plugin.auto_created {
-                ", created automatically (its data is required)"
+                ", created automatically"
             } else {
                 ""
             }

@@ -74,6 +74,11 @@ impl SimRouter for PipelineRouter {
 
     fn submit(&mut self, now_ms: f64, req: &SimRequest, fleet: &[ReplicaState]) {
         self.sync(fleet);
+        // A window due now seals before a request arriving at the same instant, as in replay.
+        if self.scheduler.next_deadline().is_some_and(|d| d <= now_ms) {
+            let sealed = self.scheduler.advance(now_ms);
+            self.collect(sealed);
+        }
         let request = Request {
             id: req.id.to_string(),
             model: req.model.clone(),

@@ -230,21 +230,27 @@ fn first_line(text: &str) -> String {
 /// layout dump; those lines are the useful part.
 fn layout_summary(report: &str) -> Vec<String> {
     let mut lines: Vec<String> = Vec::new();
-    let mut pending: Option<String> = None;
-    for line in report.lines().map(str::trim) {
-        if let Some(rest) = line.strip_prefix("Error:") {
-            pending = Some(rest.trim().to_string());
+    let all: Vec<&str> = report
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    for (i, line) in all.iter().enumerate() {
+        let Some(rest) = line.strip_prefix("Error:") else {
             continue;
-        }
-        if let Some(what) = pending.take() {
-            let entry = if line.starts_with("Expected:") || line.starts_with("Found:") {
-                format!("{what}: {line}")
-            } else {
-                what
-            };
-            if !lines.contains(&entry) {
-                lines.push(entry);
+        };
+        // The values follow the `Error:` line as `Expected:`/`Found:` blocks.
+        let mut entry = rest.trim().to_string();
+        for next in all[i + 1..].iter().take(4) {
+            if next.starts_with("Error:") {
+                break;
             }
+            entry.push(' ');
+            entry.push_str(next);
+        }
+        let entry: String = entry.chars().take(160).collect();
+        if !lines.contains(&entry) {
+            lines.push(entry);
         }
     }
     if lines.is_empty() {

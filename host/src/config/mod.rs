@@ -157,10 +157,10 @@ impl LoadedConfig {
 
     /// The directory relative paths are resolved against.
     pub fn base_dir(&self) -> PathBuf {
-        self.path
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("."))
+        match self.path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+            _ => PathBuf::from("."),
+        }
     }
 
     /// The line of `plugins[index]`, or of one of its parameters.
@@ -255,8 +255,7 @@ impl LoadedConfig {
     /// Resolves a library entry to the file to load.
     pub fn library_candidates(&self, entry: &str, extra_dirs: &[PathBuf]) -> Vec<PathBuf> {
         let base = self.base_dir();
-        let looks_like_path = entry.contains('/') || Path::new(entry).extension().is_some();
-        if looks_like_path {
+        if is_library_path(entry) {
             return vec![base.join(entry)];
         }
         let file = library_file_name(entry);
@@ -276,6 +275,11 @@ impl LoadedConfig {
         }
         dirs.into_iter().map(|d| d.join(&file)).collect()
     }
+}
+
+/// Whether a `libraries` entry is a path (else a bare library name).
+pub fn is_library_path(entry: &str) -> bool {
+    entry.contains('/') || Path::new(entry).extension().is_some()
 }
 
 /// `lib<name>.so`, `lib<name>.dylib` or `<name>.dll`.

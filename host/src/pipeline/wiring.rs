@@ -91,16 +91,19 @@ pub fn load_registry(config: &LoadedConfig, options: &Options) -> Result<Registr
     let mut registry = Registry::with_builtins();
     for (index, entry) in config.config.libraries.iter().enumerate() {
         let candidates = config.library_candidates(entry, &options.plugin_dirs);
-        registry.load_library(entry, &candidates).map_err(|error| {
-            let line = crate::config::locate::line_of(
-                &config.source,
-                &[
-                    crate::config::locate::Step::Key("libraries"),
-                    crate::config::locate::Step::Index(index),
-                ],
-            );
-            ConfigError::new(&config.path, error.to_string()).at_line(line)
-        })?;
+        let explicit = crate::config::is_library_path(entry);
+        registry
+            .load_library(entry, &candidates, explicit)
+            .map_err(|error| {
+                let line = crate::config::locate::line_of(
+                    &config.source,
+                    &[
+                        crate::config::locate::Step::Key("libraries"),
+                        crate::config::locate::Step::Index(index),
+                    ],
+                );
+                ConfigError::new(&config.path, error.to_string()).at_line(line)
+            })?;
     }
     Ok(registry)
 }
@@ -446,7 +449,7 @@ fn resolve_profile(
 }
 
 /// Without a `[[profiles]]` entry: every filter in config order, every scorer with weight 1,
-/// and the configured picker if there is exactly one.
+/// and the first configured picker (the default picker when there is none).
 fn implicit_profile(plugins: &[WiredPlugin]) -> ProfileConfig {
     let named = |kind: PluginKind| -> Vec<String> {
         plugins

@@ -174,9 +174,10 @@ impl Registry {
         &mut self,
         entry: &str,
         candidates: &[PathBuf],
+        explicit_path: bool,
     ) -> Result<(), RegistryError> {
         let Some(path) = candidates.iter().find(|p| p.exists()) else {
-            if candidates.len() == 1 {
+            if explicit_path && candidates.len() == 1 {
                 // An explicit path: let the loader say why it cannot be opened.
                 return self.load_path(&candidates[0]);
             }
