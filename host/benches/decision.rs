@@ -4,6 +4,8 @@
 //! One iteration submits a request at virtual time `t`, advances the clock to the end of the
 //! window (no real waiting), and completes the request so in-flight state stays bounded.
 //! Prompts rotate over a small pool so prefix state sees both repeats and other prompts.
+//! A third group places a burst of 16 requests sharing one prompt per iteration, the case
+//! the batch window exists for; its figure covers all 16 decisions.
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -28,6 +30,8 @@ const PROMPT_TOKENS: &[usize] = &[8 * 1024, 32 * 1024];
 const ENDPOINT_COUNTS: &[usize] = &[8, 64, 256];
 /// Distinct prompts the requests rotate over.
 const PROMPT_POOL: usize = 8;
+/// Samples per prompt in the burst variant (an RL rollout step's `n`).
+const BURST: usize = 16;
 
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -97,7 +101,9 @@ fn window_ms(scheduler: &Scheduler) -> f64 {
         .fold(0.0, f64::max)
 }
 
-fn bench_config(c: &mut Criterion, plugin_dir: &Path, file: &str, label: &str) {
+/// Benches one config. Each iteration places `burst` requests sharing one prompt that arrive
+/// together (one window), so with `burst > 1` the figure covers the whole burst.
+fn bench_config(c: &mut Criterion, plugin_dir: &Path, file: &str, label: &str, burst: usize) {
     let path = workspace_root().join("configs").join(file);
     let config = LoadedConfig::read(&path).unwrap_or_else(|e| panic!("{e}"));
     let options = Options {
@@ -124,23 +130,38 @@ fn bench_config(c: &mut Criterion, plugin_dir: &Path, file: &str, label: &str) {
                 b.iter_batched(
                     || {
                         next += 1;
-                        let request = Request {
-                            id: format!("r{next}"),
-                            model: "bench-model".to_string(),
-                            cache_salt: String::new(),
-                            prompt: Prompt::Tokens(vec![pool[next % PROMPT_POOL].clone()]),
-                            max_output_tokens: Some(256),
-                        };
-                        let request_id = request.id.clone();
-                        (request, request_id)
+                        let tokens = &pool[next % PROMPT_POOL];
+                        (0..burst)
+                            .map(|sample| {
+                                let request = Request {
+                                    id: format!("r{next}-{sample}"),
+                                    model: "bench-model".to_string(),
+                                    cache_salt: String::new(),
+                                    prompt: Prompt::Tokens(vec![tokens.clone()]),
+                                    max_output_tokens: Some(256),
+                                };
+                                let request_id = request.id.clone();
+                                (request, request_id)
+                            })
+                            .collect::<Vec<_>>()
                     },
-                    |(request, request_id)| {
-                        let mut decisions = scheduler.submit(request, now);
+                    |requests| {
+                        let mut decisions = Vec::with_capacity(requests.len());
+                        let mut ids = Vec::with_capacity(requests.len());
+                        for (request, request_id) in requests {
+                            decisions.extend(scheduler.submit(request, now));
+                            ids.push(request_id);
+                        }
                         now += window;
                         decisions.extend(scheduler.advance(now));
-                        assert_eq!(decisions.len(), 1, "one decision per request");
-                        assert!(decisions[0].result.is_ok(), "the request is placed");
-                        scheduler.complete(&request_id, Outcome::Finished, now);
+                        assert_eq!(decisions.len(), burst, "one decision per request");
+                        assert!(
+                            decisions.iter().all(|d| d.result.is_ok()),
+                            "every request is placed"
+                        );
+                        for request_id in &ids {
+                            scheduler.complete(request_id, Outcome::Finished, now);
+                        }
                         now += 1.0;
                         black_box(decisions)
                     },
@@ -154,13 +175,15 @@ fn bench_config(c: &mut Criterion, plugin_dir: &Path, file: &str, label: &str) {
 
 fn decision(c: &mut Criterion) {
     let plugin_dir = release_plugin_dir();
-    bench_config(c, &plugin_dir, "default.toml", "default");
+    bench_config(c, &plugin_dir, "default.toml", "default", 1);
     bench_config(
         c,
         &plugin_dir,
         "approx-prefix-load.toml",
         "approx_prefix_load",
+        1,
     );
+    bench_config(c, &plugin_dir, "default.toml", "default_burst16", BURST);
 }
 
 criterion_group!(benches, decision);
