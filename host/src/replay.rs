@@ -5,9 +5,9 @@ use std::io::{BufRead, Write};
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::MetricsConfig;
 use crate::pipeline::record::DecisionRecord;
 use crate::pipeline::{Decision, Endpoint, Fleet, Prompt, Request, Scheduler};
+use switchyard_plugin_api::EndpointMetrics;
 
 /// One input line.
 #[derive(Debug, Clone, Deserialize)]
@@ -32,9 +32,33 @@ pub struct ReplayLine {
     /// When the request completes (releasing in-flight load), if it does.
     #[serde(default)]
     pub completion_ms: Option<f64>,
-    /// Endpoint load facts from this moment on, by endpoint id (`namespace/name`).
+    /// Endpoint load facts from this moment on, by endpoint id (`namespace/name`); facts an
+    /// entry leaves out keep their last value.
     #[serde(default)]
-    pub metrics: Option<std::collections::BTreeMap<String, MetricsConfig>>,
+    pub metrics: Option<std::collections::BTreeMap<String, MetricsUpdate>>,
+}
+
+/// New values for some of an endpoint's load facts.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsUpdate {
+    pub running_requests: Option<u32>,
+    pub waiting_requests: Option<u32>,
+    pub kv_cache_usage: Option<f64>,
+    pub cache_block_size: Option<u32>,
+    pub cache_num_blocks: Option<u64>,
+}
+
+impl MetricsUpdate {
+    pub fn apply(&self, current: EndpointMetrics) -> EndpointMetrics {
+        EndpointMetrics {
+            running_requests: self.running_requests.unwrap_or(current.running_requests),
+            waiting_requests: self.waiting_requests.unwrap_or(current.waiting_requests),
+            kv_cache_usage: self.kv_cache_usage.unwrap_or(current.kv_cache_usage),
+            cache_block_size: self.cache_block_size.unwrap_or(current.cache_block_size),
+            cache_num_blocks: self.cache_num_blocks.unwrap_or(current.cache_num_blocks),
+        }
+    }
 }
 
 /// One output line.
@@ -160,36 +184,32 @@ pub fn run(
             continue;
         }
         let (_, index) = pending.pop_front().expect("an arrival is next");
-        {
-            {
-                let line = &input[index];
-                if let Some(metrics) = &line.metrics {
-                    let updated: Vec<_> = scheduler
-                        .endpoints()
-                        .iter()
-                        .map(|e| metrics.get(&e.id).map_or(e.metrics, |m| (*m).into()))
-                        .collect();
-                    scheduler.update_metrics(updated);
-                }
-                let id = line.id.clone().unwrap_or_else(|| format!("req-{index}"));
-                let request = Request {
-                    id: id.clone(),
-                    model: line.model.clone(),
-                    cache_salt: line.cache_salt.clone(),
-                    prompt: match (&line.tokens, &line.prompt) {
-                        (Some(tokens), _) => Prompt::Tokens(vec![tokens.clone()]),
-                        (None, Some(text)) => Prompt::Text(text.clone()),
-                        (None, None) => Prompt::Tokens(Vec::new()),
-                    },
-                    max_output_tokens: line.max_output_tokens,
-                };
-                if let Some(done) = line.completion_ms {
-                    completions.push((done.max(now), id));
-                }
-                for decision in scheduler.submit(request, now) {
-                    emit(decision, out)?;
-                }
-            }
+        let line = &input[index];
+        if let Some(updates) = &line.metrics {
+            let updated: Vec<_> = scheduler
+                .endpoints()
+                .iter()
+                .map(|e| updates.get(&e.id).map_or(e.metrics, |u| u.apply(e.metrics)))
+                .collect();
+            scheduler.update_metrics(updated);
+        }
+        let id = line.id.clone().unwrap_or_else(|| format!("req-{index}"));
+        let request = Request {
+            id: id.clone(),
+            model: line.model.clone(),
+            cache_salt: line.cache_salt.clone(),
+            prompt: match (&line.tokens, &line.prompt) {
+                (Some(tokens), _) => Prompt::Tokens(vec![tokens.clone()]),
+                (None, Some(text)) => Prompt::Text(text.clone()),
+                (None, None) => Prompt::Tokens(Vec::new()),
+            },
+            max_output_tokens: line.max_output_tokens,
+        };
+        if let Some(done) = line.completion_ms {
+            completions.push((done.max(now), id));
+        }
+        for decision in scheduler.submit(request, now) {
+            emit(decision, out)?;
         }
     }
     Ok((placed, rejected))

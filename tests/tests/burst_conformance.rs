@@ -522,3 +522,31 @@ fn alpha_plugin_is_refused_without_the_switch() {
     assert!(error.contains("allow_experimental_plugins"), "{error}");
     assert!(try_pipeline("alpha-ok", &Setup::new(2, -1, 0).toml()).is_ok());
 }
+
+#[test]
+fn a_request_cancelled_in_its_window_leaves_the_batch() {
+    // Two samples of one prompt would be co-located; once one is cancelled, the other is a
+    // singleton and gets no affinity, and the cancelled one is never placed.
+    let setup = Setup::new(2, -1, 0);
+    let mut scheduler = setup.scheduler("burst-cancel");
+    assert!(scheduler.submit(request("a", &[1, 2, 3]), 0.0).is_empty());
+    assert!(scheduler.submit(request("b", &[1, 2, 3]), 0.0).is_empty());
+    assert_eq!(scheduler.pending(), 2);
+    assert!(scheduler.cancel("a", 10.0));
+    assert_eq!(scheduler.pending(), 1);
+    assert!(!scheduler.cancel("never-seen", 10.0));
+    let decisions = scheduler.advance(WINDOW_MS as f64);
+    assert_eq!(decisions.len(), 1);
+    assert_eq!(decisions[0].request_id, "b");
+    assert_eq!(assigned(&decisions[0], 3, 1, 2), None);
+}
+
+#[test]
+fn cancelling_the_only_waiting_request_closes_the_window() {
+    let mut scheduler = Setup::new(2, -1, 0).scheduler("burst-cancel-last");
+    assert!(scheduler.submit(request("a", &[1, 2, 3]), 0.0).is_empty());
+    assert_eq!(scheduler.next_deadline(), Some(WINDOW_MS as f64));
+    assert!(scheduler.cancel("a", 1.0));
+    assert_eq!(scheduler.next_deadline(), None);
+    assert!(scheduler.advance(WINDOW_MS as f64).is_empty());
+}

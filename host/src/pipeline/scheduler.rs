@@ -20,8 +20,8 @@ use rand::rngs::SmallRng;
 use rand::{RngCore, SeedableRng};
 use switchyard_plugin_api::ffi::{RSlice, RStr, RString};
 use switchyard_plugin_api::{
-    AttrValue, AttrView, EndpointView, ErrorKind, Outcome, PluginError, ProduceItem, PromptTokens,
-    RequestView,
+    AttrValue, AttrView, EndpointView, ErrorKind, Outcome, PluginError, PluginKind, ProduceItem,
+    PromptTokens, RequestView,
 };
 
 use super::record::{
@@ -102,25 +102,62 @@ impl Snapshot {
         self.endpoints.len()
     }
 
+    fn view(&self, slot: usize) -> EndpointView<'_> {
+        endpoint_view(&self.endpoints[slot], slot, self.host_indices[slot])
+    }
+
     fn views(&self) -> Vec<EndpointView<'_>> {
-        self.endpoints
-            .iter()
-            .zip(self.host_indices.iter())
-            .enumerate()
-            .map(|(slot, (e, &host_index))| endpoint_view(e, slot, host_index))
-            .collect()
+        (0..self.len()).map(|slot| self.view(slot)).collect()
     }
 }
 
-struct Ticket {
-    request: Request,
+/// What the scheduler keeps of a request from admission until it completes.
+struct Admitted {
+    id: String,
+    model: String,
+    cache_salt: String,
+    max_output_tokens: Option<u64>,
     prompts: Vec<Vec<u32>>,
     fleet: Snapshot,
+    seed: u64,
+}
+
+impl Admitted {
+    fn prompt_views(&self) -> Vec<PromptTokens<'_>> {
+        self.prompts
+            .iter()
+            .map(|p| PromptTokens {
+                tokens: RSlice::from_slice(p),
+            })
+            .collect()
+    }
+
+    fn view<'a>(
+        &'a self,
+        prompts: &'a [PromptTokens<'a>],
+        now_ms: f64,
+        explain: bool,
+    ) -> RequestView<'a> {
+        RequestView {
+            id: RStr::from(self.id.as_str()),
+            model: RStr::from(self.model.as_str()),
+            cache_salt: RStr::from(self.cache_salt.as_str()),
+            prompts: RSlice::from_slice(prompts),
+            max_output_tokens: self.max_output_tokens.map_or(-1, |m| m as i64),
+            now_ms: now_ms.max(0.0) as u64,
+            random_seed: self.seed,
+            explain,
+        }
+    }
+}
+
+/// A request on its way through the producers.
+struct Ticket {
+    request: Admitted,
     /// Attribute rows × candidates.
     store: Vec<AttrValue>,
     /// Position in `Pipeline::producers` of the next producer to run.
     next_producer: usize,
-    seed: u64,
     arrival_ms: f64,
     record: Option<DecisionRecord>,
 }
@@ -128,15 +165,22 @@ struct Ticket {
 struct Window {
     opened_ms: f64,
     seal_ms: f64,
-    members: Vec<u64>,
+    members: Vec<Ticket>,
 }
 
 struct Dispatched {
-    request: Request,
-    prompts: Vec<Vec<u32>>,
-    fleet: Snapshot,
+    request: Admitted,
     endpoint: usize,
-    seed: u64,
+}
+
+/// Buffers reused from one decision to the next.
+#[derive(Default)]
+struct Scratch {
+    produced: Vec<AttrValue>,
+    keep: Vec<bool>,
+    scores: Vec<f64>,
+    totals: Vec<f64>,
+    picked: Vec<u32>,
 }
 
 pub struct Scheduler {
@@ -144,13 +188,11 @@ pub struct Scheduler {
     fleet: Snapshot,
     rng: SmallRng,
     explain: bool,
-    tickets: HashMap<u64, Ticket>,
-    next_ticket: u64,
     /// Open window per position in `Pipeline::producers`.
     windows: BTreeMap<usize, Window>,
     dispatched: HashMap<String, Dispatched>,
     stats: Vec<PluginStats>,
-    scratch: Vec<AttrValue>,
+    scratch: Scratch,
 }
 
 impl Scheduler {
@@ -165,12 +207,10 @@ impl Scheduler {
             },
             rng: SmallRng::seed_from_u64(seed),
             explain: false,
-            tickets: HashMap::new(),
-            next_ticket: 0,
             windows: BTreeMap::new(),
             dispatched: HashMap::new(),
             stats,
-            scratch: Vec::new(),
+            scratch: Scratch::default(),
         }
     }
 
@@ -216,16 +256,19 @@ impl Scheduler {
         };
     }
 
-    /// Updates the load facts of the current fleet in place (same endpoints, same order).
+    /// Updates the load facts of the current fleet (same endpoints, same order). Requests
+    /// under way keep the facts they were admitted with.
     pub fn update_metrics(
         &mut self,
         metrics: impl IntoIterator<Item = switchyard_plugin_api::EndpointMetrics>,
     ) {
-        let mut endpoints: Vec<Endpoint> = self.fleet.endpoints.to_vec();
+        if Arc::get_mut(&mut self.fleet.endpoints).is_none() {
+            self.fleet.endpoints = self.fleet.endpoints.iter().cloned().collect();
+        }
+        let endpoints = Arc::get_mut(&mut self.fleet.endpoints).expect("just made unique");
         for (endpoint, m) in endpoints.iter_mut().zip(metrics) {
             endpoint.metrics = m;
         }
-        self.fleet.endpoints = endpoints.into();
     }
 
     /// The endpoints new requests are scheduled against.
@@ -244,7 +287,7 @@ impl Scheduler {
 
     /// Requests waiting in a window.
     pub fn pending(&self) -> usize {
-        self.tickets.len()
+        self.windows.values().map(|w| w.members.len()).sum()
     }
 
     /// When the earliest open window seals.
@@ -259,26 +302,27 @@ impl Scheduler {
     /// own, unless it waits in a window).
     pub fn submit(&mut self, request: Request, now_ms: f64) -> Vec<Decision> {
         let fleet = self.fleet.clone();
-        let prompts = tokenize(&request.prompt);
         let record = self.explain.then(|| DecisionRecord {
             candidates: fleet.endpoints.iter().map(|e| e.id.clone()).collect(),
             ..DecisionRecord::default()
         });
         let ticket = Ticket {
             store: vec![AttrValue::Absent; self.pipeline.rows.len() * fleet.len()],
-            request,
-            prompts,
-            fleet,
+            request: Admitted {
+                prompts: tokenize(request.prompt),
+                id: request.id,
+                model: request.model,
+                cache_salt: request.cache_salt,
+                max_output_tokens: request.max_output_tokens,
+                fleet,
+                seed: self.rng.next_u64(),
+            },
             next_producer: 0,
-            seed: self.rng.next_u64(),
             arrival_ms: now_ms,
             record,
         };
-        let id = self.next_ticket;
-        self.next_ticket += 1;
-        self.tickets.insert(id, ticket);
         let mut decisions = Vec::new();
-        self.carry_on(id, now_ms, &mut decisions);
+        self.carry_on(ticket, now_ms, &mut decisions);
         decisions
     }
 
@@ -291,50 +335,51 @@ impl Scheduler {
             .filter(|(_, w)| w.seal_ms <= now_ms)
             .min_by(|a, b| a.1.seal_ms.total_cmp(&b.1.seal_ms))
         {
-            let window = self.windows.remove(&position).expect("window exists");
-            self.run_batch(position, &window, now_ms);
-            for id in window.members {
-                if let Some(ticket) = self.tickets.get_mut(&id) {
-                    ticket.next_producer = position + 1;
-                }
-                self.carry_on(id, now_ms, &mut decisions);
+            let mut window = self.windows.remove(&position).expect("window exists");
+            let info = WindowRecord {
+                producer: self.pipeline.plugins[self.pipeline.producers[position]].label(),
+                opened_ms: window.opened_ms,
+                sealed_ms: now_ms,
+                batch_size: window.members.len(),
+            };
+            self.run_producer(position, &mut window.members, now_ms, Some(&info));
+            for mut ticket in window.members {
+                ticket.next_producer = position + 1;
+                self.carry_on(ticket, now_ms, &mut decisions);
             }
         }
         decisions
     }
 
-    /// Seals every open window now (for shutdown or the end of a replay).
-    pub fn flush(&mut self, now_ms: f64) -> Vec<Decision> {
-        let latest = self.next_deadline().map_or(now_ms, |d| d.max(now_ms));
-        let mut decisions = Vec::new();
-        while self.next_deadline().is_some() {
-            decisions.extend(self.advance(latest.max(self.next_deadline().unwrap_or(latest))));
+    /// Withdraws a request: one waiting in a window leaves it without being placed (it is
+    /// not counted in the batch); one already dispatched completes as cancelled. Returns
+    /// whether the request was known.
+    pub fn cancel(&mut self, request_id: &str, now_ms: f64) -> bool {
+        for window in self.windows.values_mut() {
+            if let Some(index) = window
+                .members
+                .iter()
+                .position(|t| t.request.id == request_id)
+            {
+                window.members.remove(index);
+                self.windows.retain(|_, w| !w.members.is_empty());
+                return true;
+            }
         }
-        decisions
+        self.complete(request_id, Outcome::Cancelled, now_ms)
     }
 
     /// A dispatched request finished, failed or was cancelled; producers release what they
-    /// charged. Unknown or already completed requests are ignored.
-    pub fn complete(&mut self, request_id: &str, outcome: Outcome, now_ms: f64) {
+    /// charged. Returns false for unknown or already completed requests, which change nothing.
+    pub fn complete(&mut self, request_id: &str, outcome: Outcome, now_ms: f64) -> bool {
         let Some(done) = self.dispatched.remove(request_id) else {
-            return;
+            return false;
         };
-        let prompt_views: Vec<PromptTokens<'_>> = done
-            .prompts
-            .iter()
-            .map(|p| PromptTokens {
-                tokens: RSlice::from_slice(p),
-            })
-            .collect();
-        let request = request_view(&done.request, &prompt_views, now_ms, done.seed, false);
-        let endpoint = endpoint_view(
-            &done.fleet.endpoints[done.endpoint],
-            done.endpoint,
-            done.fleet.host_indices[done.endpoint],
-        );
-        for position in 0..self.pipeline.producers.len() {
-            let plugin = self.pipeline.producers[position];
-            if self.stats[plugin].poisoned {
+        let prompts = done.request.prompt_views();
+        let request = done.request.view(&prompts, now_ms, false);
+        let endpoint = done.request.fleet.view(done.endpoint);
+        for &plugin in &self.pipeline.clone().producers {
+            if self.skips(plugin) {
                 continue;
             }
             let result = self.pipeline.plugins[plugin]
@@ -342,95 +387,74 @@ impl Scheduler {
                 .completed(&request, &endpoint, outcome);
             self.account(plugin, &result);
         }
+        true
+    }
+
+    /// Whether a producer's calls are skipped: switched off, or work the host does itself.
+    fn skips(&self, plugin: usize) -> bool {
+        self.stats[plugin].poisoned || self.pipeline.plugins[plugin].host_native
     }
 
     /// Runs the ticket's remaining producers, parking it in a window or deciding it.
-    fn carry_on(&mut self, id: u64, now_ms: f64, decisions: &mut Vec<Decision>) {
+    fn carry_on(&mut self, mut ticket: Ticket, now_ms: f64, decisions: &mut Vec<Decision>) {
         let pipeline = self.pipeline.clone();
-        loop {
-            let Some(ticket) = self.tickets.get(&id) else {
-                return;
-            };
+        while let Some(&plugin) = pipeline.producers.get(ticket.next_producer) {
             let position = ticket.next_producer;
-            if position >= pipeline.producers.len() {
-                break;
-            }
-            let plugin = pipeline.producers[position];
+            ticket.next_producer += 1;
             let wired = &pipeline.plugins[plugin];
-            if self.stats[plugin].poisoned {
-                self.tickets.get_mut(&id).expect("ticket").next_producer += 1;
-                continue;
-            }
-            if let Some(policy) = wired.declarations.batch() {
-                let window = self.windows.entry(position).or_insert_with(|| Window {
-                    opened_ms: now_ms,
-                    seal_ms: now_ms + policy.window_ms as f64,
-                    members: Vec::new(),
-                });
-                let full = policy.max_batch >= 0 && window.members.len() as i64 >= policy.max_batch;
-                if !full {
-                    window.members.push(id);
-                    return;
-                }
-                self.stats[plugin].batch_overflows += 1;
-                let message = format!(
-                    "batch full: maxBatchSize {} reached in the window opened at {:.0} ms",
-                    policy.max_batch, window.opened_ms
-                );
-                tracing::debug!(producer = %wired.label(), "{message}");
-                let ticket = self.tickets.get_mut(&id).expect("ticket");
+            if wired.host_native {
+                // Done on admission; the record still shows the step.
                 if let Some(record) = &mut ticket.record {
                     record.producers.push(ProducerRecord {
                         name: wired.label(),
-                        error: Some(message),
+                        error: None,
                         attributes: Vec::new(),
                     });
                 }
-                ticket.next_producer += 1;
                 continue;
             }
-            self.run_single(position, id, now_ms);
-            self.tickets.get_mut(&id).expect("ticket").next_producer += 1;
+            if self.stats[plugin].poisoned {
+                continue;
+            }
+            let Some(policy) = wired.declarations.batch() else {
+                self.run_producer(position, std::slice::from_mut(&mut ticket), now_ms, None);
+                continue;
+            };
+            let window = self.windows.entry(position).or_insert_with(|| Window {
+                opened_ms: now_ms,
+                seal_ms: now_ms + policy.window_ms as f64,
+                members: Vec::new(),
+            });
+            if policy.max_batch < 0 || (window.members.len() as i64) < policy.max_batch {
+                ticket.next_producer = position;
+                window.members.push(ticket);
+                return;
+            }
+            self.stats[plugin].batch_overflows += 1;
+            let message = format!(
+                "batch full: maxBatchSize {} reached in the window opened at {:.0} ms",
+                policy.max_batch, window.opened_ms
+            );
+            tracing::debug!(producer = %wired.label(), "{message}");
+            if let Some(record) = &mut ticket.record {
+                record.producers.push(ProducerRecord {
+                    name: wired.label(),
+                    error: Some(message),
+                    attributes: Vec::new(),
+                });
+            }
         }
-        let ticket = self.tickets.remove(&id).expect("ticket");
-        let decision = self.decide(ticket, now_ms);
-        decisions.push(decision);
+        decisions.push(self.decide(ticket, now_ms));
     }
 
-    fn run_single(&mut self, position: usize, id: u64, now_ms: f64) {
-        let ticket = self.tickets.remove(&id).expect("ticket");
-        let mut tickets = [ticket];
-        self.run_producer(position, &mut tickets, now_ms, None);
-        let [ticket] = tickets;
-        self.tickets.insert(id, ticket);
-    }
-
-    fn run_batch(&mut self, position: usize, window: &Window, now_ms: f64) {
-        let mut batch: Vec<Ticket> = window
-            .members
-            .iter()
-            .filter_map(|id| self.tickets.remove(id))
-            .collect();
-        let info = WindowRecord {
-            producer: self.pipeline.plugins[self.pipeline.producers[position]].label(),
-            opened_ms: window.opened_ms,
-            sealed_ms: now_ms,
-            batch_size: batch.len(),
-        };
-        self.run_producer(position, &mut batch, now_ms, Some(info));
-        for (id, ticket) in window.members.iter().zip(batch) {
-            self.tickets.insert(*id, ticket);
-        }
-    }
-
-    /// One call of the producer at `position` over `tickets`, outputs copied into each
+    /// One call of the producer at `position` over `tickets`, outputs moved into each
     /// ticket's store.
     fn run_producer(
         &mut self,
         position: usize,
         tickets: &mut [Ticket],
         now_ms: f64,
-        window: Option<WindowRecord>,
+        window: Option<&WindowRecord>,
     ) {
         let pipeline = self.pipeline.clone();
         let plugin_index = pipeline.producers[position];
@@ -440,47 +464,29 @@ impl Scheduler {
 
         let started = Instant::now();
         let result = {
-            let prompt_views: Vec<Vec<PromptTokens<'_>>> = tickets
-                .iter()
-                .map(|t| {
-                    t.prompts
-                        .iter()
-                        .map(|p| PromptTokens {
-                            tokens: RSlice::from_slice(p),
-                        })
-                        .collect()
-                })
-                .collect();
+            let prompt_views: Vec<Vec<PromptTokens<'_>>> =
+                tickets.iter().map(|t| t.request.prompt_views()).collect();
             let endpoint_views: Vec<Vec<EndpointView<'_>>> =
-                tickets.iter().map(|t| t.fleet.views()).collect();
+                tickets.iter().map(|t| t.request.fleet.views()).collect();
             let mut offset = 0u32;
             let items: Vec<ProduceItem<'_>> = tickets
                 .iter()
-                .enumerate()
-                .map(|(i, t)| {
+                .zip(prompt_views.iter().zip(&endpoint_views))
+                .map(|(t, (prompts, endpoints))| {
                     let item = ProduceItem {
-                        request: request_view(
-                            &t.request,
-                            &prompt_views[i],
-                            now_ms,
-                            t.seed,
-                            explain,
-                        ),
-                        endpoints: RSlice::from_slice(&endpoint_views[i]),
-                        attrs: AttrView {
-                            values: RSlice::from_slice(&t.store),
-                            stride: t.fleet.len() as u32,
-                            rows: RSlice::from_slice(&plugin.consumed_rows),
-                        },
+                        request: t.request.view(prompts, now_ms, explain),
+                        endpoints: RSlice::from_slice(endpoints),
+                        attrs: attr_view(&t.store, t.request.fleet.len(), &plugin.consumed_rows),
                         out_offset: offset,
                     };
-                    offset += (produced * t.fleet.len()) as u32;
+                    offset += (produced * t.request.fleet.len()) as u32;
                     item
                 })
                 .collect();
-            self.scratch.clear();
-            self.scratch.resize(offset as usize, AttrValue::Absent);
-            plugin.object.produce(&items, &mut self.scratch)
+            let out = &mut self.scratch.produced;
+            out.clear();
+            out.resize(offset as usize, AttrValue::Absent);
+            plugin.object.produce(&items, out)
         };
         let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
         let result = match result {
@@ -495,146 +501,188 @@ impl Scheduler {
             other => other,
         };
         self.account(plugin_index, &result);
-        let error = result.as_ref().err().map(|e| e.message.to_string());
+        let error = result.err().map(|e| e.message.to_string());
         if let Some(message) = &error {
             tracing::debug!(producer = %plugin.label(), "produce failed: {message}");
         }
 
         let mut offset = 0usize;
         for ticket in tickets.iter_mut() {
-            let n = ticket.fleet.len();
+            let n = ticket.request.fleet.len();
             if error.is_none() {
                 for (k, &row) in plugin.produced_rows.iter().enumerate() {
-                    let source = &mut self.scratch[offset + k * n..offset + (k + 1) * n];
-                    let target = &mut ticket.store[row as usize * n..(row as usize + 1) * n];
+                    let source = &mut self.scratch.produced[offset + k * n..][..n];
+                    let target = &mut ticket.store[row as usize * n..][..n];
                     for (to, from) in target.iter_mut().zip(source.iter_mut()) {
                         *to = std::mem::take(from);
                     }
                 }
             }
-            if let Some(record) = &mut ticket.record {
-                let mut attributes = Vec::new();
-                if error.is_none() {
-                    for &row in &plugin.produced_rows {
-                        for (j, endpoint) in ticket.fleet.endpoints.iter().enumerate() {
-                            let value = &ticket.store[row as usize * n + j];
-                            if !value.is_absent() {
-                                attributes.push(AttributeRecord {
-                                    endpoint: endpoint.id.clone(),
-                                    key: pipeline.rows[row as usize].to_string(),
-                                    value: attribute_json(value),
-                                });
-                            }
+            offset += produced * n;
+            let Some(record) = &mut ticket.record else {
+                continue;
+            };
+            let mut attributes = Vec::new();
+            if error.is_none() {
+                for &row in &plugin.produced_rows {
+                    let values = &ticket.store[row as usize * n..][..n];
+                    for (endpoint, value) in ticket.request.fleet.endpoints.iter().zip(values) {
+                        if !value.is_absent() {
+                            attributes.push(AttributeRecord {
+                                endpoint: endpoint.id.clone(),
+                                key: pipeline.rows[row as usize].to_string(),
+                                value: attribute_json(value),
+                            });
                         }
                     }
                 }
-                record.producers.push(ProducerRecord {
-                    name: plugin.label(),
-                    error: error.clone(),
-                    attributes,
-                });
-                if window.is_some() {
-                    record.window = window.clone();
-                }
             }
-            offset += produced * n;
+            record.producers.push(ProducerRecord {
+                name: plugin.label(),
+                error: error.clone(),
+                attributes,
+            });
+            if window.is_some() {
+                record.window = window.cloned();
+            }
         }
     }
 
-    /// Counts a call and applies the panic policy.
+    /// Counts a call and applies the panic policy. Pickers are never switched off: a failing
+    /// picker costs each request it fails, and there is no picker to fall back on.
     fn account<T>(&mut self, plugin: usize, result: &Result<T, PluginError>) {
+        let wired = &self.pipeline.plugins[plugin];
         let stats = &mut self.stats[plugin];
         stats.calls += 1;
-        match result {
-            Ok(_) => stats.consecutive_panics = 0,
-            Err(error) => {
-                stats.errors += 1;
-                if error.kind == ErrorKind::Panicked {
-                    stats.panics += 1;
-                    stats.consecutive_panics += 1;
-                    tracing::error!(
-                        plugin = %self.pipeline.plugins[plugin].label(),
-                        "{}", error.message
-                    );
-                    if stats.consecutive_panics >= POISON_AFTER_PANICS && !stats.poisoned {
-                        stats.poisoned = true;
-                        tracing::error!(
-                            plugin = %self.pipeline.plugins[plugin].label(),
-                            "switched off after {POISON_AFTER_PANICS} panics in a row; its \
-                             stage now fails open"
-                        );
-                    }
-                } else {
-                    stats.consecutive_panics = 0;
-                }
-            }
+        let Err(error) = result else {
+            stats.consecutive_panics = 0;
+            return;
+        };
+        stats.errors += 1;
+        if error.kind != ErrorKind::Panicked {
+            stats.consecutive_panics = 0;
+            return;
+        }
+        stats.panics += 1;
+        stats.consecutive_panics += 1;
+        tracing::error!(plugin = %wired.label(), "{}", error.message);
+        if stats.consecutive_panics >= POISON_AFTER_PANICS
+            && !stats.poisoned
+            && wired.kind != PluginKind::Picker
+        {
+            stats.poisoned = true;
+            tracing::error!(
+                plugin = %wired.label(),
+                "switched off after {POISON_AFTER_PANICS} panics in a row; its stage now fails open"
+            );
         }
     }
 
     /// Filters, scorers and picker over a ticket whose producers have all run.
-    fn decide(&mut self, mut ticket: Ticket, now_ms: f64) -> Decision {
-        let pipeline = self.pipeline.clone();
-        let prompt_views: Vec<PromptTokens<'_>> = ticket
-            .prompts
-            .iter()
-            .map(|p| PromptTokens {
-                tokens: RSlice::from_slice(p),
-            })
-            .collect();
-        let request = request_view(
-            &ticket.request,
-            &prompt_views,
-            now_ms,
-            ticket.seed,
-            self.explain,
-        );
-        let all = ticket.fleet.views();
-        let mut record = ticket.record.take();
-        let reject = |reason: Rejection, record: Option<DecisionRecord>| Decision {
-            request_id: ticket.request.id.clone(),
-            result: Err(reason),
-            endpoints: Vec::new(),
-            decided_ms: now_ms,
-            arrival_ms: ticket.arrival_ms,
-            record,
-        };
-        if all.is_empty() {
-            return reject(Rejection::NoEndpoints, record);
-        }
-        let store: &[AttrValue] = &ticket.store;
-        let stride = ticket.fleet.len() as u32;
-        fn attrs_for<'a>(store: &'a [AttrValue], stride: u32, rows: &'a [u32]) -> AttrView<'a> {
-            AttrView {
-                values: RSlice::from_slice(store),
-                stride,
-                rows: RSlice::from_slice(rows),
+    fn decide(&mut self, ticket: Ticket, now_ms: f64) -> Decision {
+        let Ticket {
+            request: admitted,
+            store,
+            arrival_ms,
+            mut record,
+            ..
+        } = ticket;
+        let prompts = admitted.prompt_views();
+        let request = admitted.view(&prompts, now_ms, self.explain);
+        let mut candidates = admitted.fleet.views();
+        let stride = admitted.fleet.len();
+        let outcome = self
+            .filter(&request, &mut candidates, &store, stride, &mut record)
+            .and_then(|()| {
+                self.score(&request, &candidates, &store, stride, &mut record);
+                self.pick(&request, &candidates)
+            });
+        let chosen = match outcome {
+            Ok(chosen) => chosen,
+            Err(reason) => {
+                return Decision {
+                    request_id: admitted.id,
+                    result: Err(reason),
+                    endpoints: Vec::new(),
+                    decided_ms: now_ms,
+                    arrival_ms,
+                    record,
+                }
             }
+        };
+        let ids: Vec<String> = chosen
+            .iter()
+            .map(|&s| admitted.fleet.endpoints[s].id.clone())
+            .collect();
+        if let Some(record) = &mut record {
+            record.picked = ids.clone();
         }
 
-        let mut candidates: Vec<EndpointView<'_>> = all.clone();
-        let mut keep: Vec<bool> = Vec::with_capacity(candidates.len());
+        // Dispatch hooks: producers charge what they track against the primary endpoint.
+        let primary = admitted.fleet.view(chosen[0]);
+        for &producer in &self.pipeline.clone().producers {
+            if self.skips(producer) {
+                continue;
+            }
+            let result = self.pipeline.plugins[producer]
+                .object
+                .dispatched(&request, &primary);
+            self.account(producer, &result);
+        }
+        drop(candidates);
+        drop(prompts);
+        let request_id = admitted.id.clone();
+        self.dispatched.insert(
+            request_id.clone(),
+            Dispatched {
+                endpoint: chosen[0],
+                request: admitted,
+            },
+        );
+        Decision {
+            request_id,
+            result: Ok(chosen),
+            endpoints: ids,
+            decided_ms: now_ms,
+            arrival_ms,
+            record,
+        }
+    }
+
+    /// Runs the filters in profile order, each on the previous one's output.
+    fn filter(
+        &mut self,
+        request: &RequestView<'_>,
+        candidates: &mut Vec<EndpointView<'_>>,
+        store: &[AttrValue],
+        stride: usize,
+        record: &mut Option<DecisionRecord>,
+    ) -> Result<(), Rejection> {
+        if candidates.is_empty() {
+            return Err(Rejection::NoEndpoints);
+        }
+        let pipeline = self.pipeline.clone();
+        let mut keep = std::mem::take(&mut self.scratch.keep);
         let mut note = RString::new();
+        let mut outcome = Ok(());
         for &filter in &pipeline.filters {
-            let plugin = &pipeline.plugins[filter];
             if self.stats[filter].poisoned {
                 continue;
             }
+            let plugin = &pipeline.plugins[filter];
             keep.clear();
             keep.resize(candidates.len(), true);
             note.clear();
-            let attrs = attrs_for(store, stride, &plugin.consumed_rows);
+            let attrs = attr_view(store, stride, &plugin.consumed_rows);
             let result = plugin
                 .object
-                .filter(&request, &candidates, &attrs, &mut keep, &mut note);
+                .filter(request, candidates, &attrs, &mut keep, &mut note);
             self.account(filter, &result);
             if result.is_ok() {
-                let mut i = 0;
-                candidates.retain(|_| {
-                    i += 1;
-                    keep[i - 1]
-                });
+                let mut kept = keep.iter();
+                candidates.retain(|_| kept.next().copied().unwrap_or(true));
             }
-            if let Some(record) = &mut record {
+            if let Some(record) = record {
                 record.filters.push(FilterRecord {
                     name: plugin.label(),
                     kept: candidates.iter().map(|e| e.id.to_string()).collect(),
@@ -645,36 +693,51 @@ impl Scheduler {
                 });
             }
             if candidates.is_empty() {
-                return reject(
-                    Rejection::FilteredOut {
-                        filter: plugin.label(),
-                    },
-                    record,
-                );
+                outcome = Err(Rejection::FilteredOut {
+                    filter: plugin.label(),
+                });
+                break;
             }
         }
+        self.scratch.keep = keep;
+        outcome
+    }
 
-        let mut totals = vec![0.0f64; candidates.len()];
-        let mut scores = vec![0.0f64; candidates.len()];
+    /// Sums the weighted, clamped scores into `scratch.totals`.
+    fn score(
+        &mut self,
+        request: &RequestView<'_>,
+        candidates: &[EndpointView<'_>],
+        store: &[AttrValue],
+        stride: usize,
+        record: &mut Option<DecisionRecord>,
+    ) {
+        let pipeline = self.pipeline.clone();
+        let mut totals = std::mem::take(&mut self.scratch.totals);
+        let mut scores = std::mem::take(&mut self.scratch.scores);
+        totals.clear();
+        totals.resize(candidates.len(), 0.0);
+        let mut note = RString::new();
         for scorer in &pipeline.scorers {
-            let plugin = &pipeline.plugins[scorer.plugin];
             if self.stats[scorer.plugin].poisoned {
                 continue;
             }
-            scores.iter_mut().for_each(|s| *s = 0.0);
+            let plugin = &pipeline.plugins[scorer.plugin];
+            scores.clear();
+            scores.resize(candidates.len(), 0.0);
             note.clear();
-            let attrs = attrs_for(store, stride, &plugin.consumed_rows);
+            let attrs = attr_view(store, stride, &plugin.consumed_rows);
             let result = plugin
                 .object
-                .score(&request, &candidates, &attrs, &mut scores, &mut note);
+                .score(request, candidates, &attrs, &mut scores, &mut note);
             self.account(scorer.plugin, &result);
             if result.is_err() {
-                scores.iter_mut().for_each(|s| *s = 0.0);
+                scores.fill(0.0);
             }
             for (total, raw) in totals.iter_mut().zip(&scores) {
                 *total += clamp_score(*raw) * scorer.weight;
             }
-            if let Some(record) = &mut record {
+            if let Some(record) = record {
                 record.scorers.push(ScorerRecord {
                     name: plugin.label(),
                     weight: scorer.weight,
@@ -692,7 +755,7 @@ impl Scheduler {
                 });
             }
         }
-        if let Some(record) = &mut record {
+        if let Some(record) = record {
             record.totals = candidates
                 .iter()
                 .zip(&totals)
@@ -702,79 +765,49 @@ impl Scheduler {
                 })
                 .collect();
         }
+        self.scratch.totals = totals;
+        self.scratch.scores = scores;
+    }
 
-        let picker = &pipeline.plugins[pipeline.picker];
-        let mut picked = vec![0u32; candidates.len()];
-        let result = picker
-            .object
-            .pick(&request, &candidates, &totals, &mut picked);
-        self.account(pipeline.picker, &result);
-        let count = match result {
-            Ok(count) if count > 0 => count,
-            Ok(_) => {
-                return reject(
-                    Rejection::PickerFailed {
-                        picker: picker.label(),
-                        reason: "it chose no endpoint".into(),
-                    },
-                    record,
-                )
-            }
-            Err(error) => {
-                return reject(
-                    Rejection::PickerFailed {
-                        picker: picker.label(),
-                        reason: error.message.to_string(),
-                    },
-                    record,
-                )
-            }
-        };
-        let chosen: Vec<usize> = picked[..count]
-            .iter()
-            .filter_map(|&p| candidates.get(p as usize))
-            .map(|e| e.slot as usize)
-            .collect();
-        let ids: Vec<String> = chosen
-            .iter()
-            .map(|&s| ticket.fleet.endpoints[s].id.clone())
-            .collect();
-        if let Some(record) = &mut record {
-            record.picked = ids.clone();
-        }
-
-        // Dispatch hooks: producers charge what they track against the primary endpoint.
-        let primary = &all[chosen[0]];
-        for &producer in &pipeline.producers {
-            if self.stats[producer].poisoned {
-                continue;
-            }
-            let result = pipeline.plugins[producer]
-                .object
-                .dispatched(&request, primary);
-            self.account(producer, &result);
-        }
-        drop(candidates);
-        drop(all);
-        let request_id = ticket.request.id.clone();
-        self.dispatched.insert(
-            request_id.clone(),
-            Dispatched {
-                endpoint: chosen[0],
-                request: ticket.request,
-                prompts: ticket.prompts,
-                fleet: ticket.fleet,
-                seed: ticket.seed,
-            },
+    /// Asks the picker, over the totals of [`Scheduler::score`]; returns fleet positions.
+    fn pick(
+        &mut self,
+        request: &RequestView<'_>,
+        candidates: &[EndpointView<'_>],
+    ) -> Result<Vec<usize>, Rejection> {
+        let picker_index = self.pipeline.picker;
+        let mut picked = std::mem::take(&mut self.scratch.picked);
+        picked.clear();
+        picked.resize(candidates.len(), 0);
+        let result = self.pipeline.plugins[picker_index].object.pick(
+            request,
+            candidates,
+            &self.scratch.totals,
+            &mut picked,
         );
-        Decision {
-            request_id,
-            result: Ok(chosen),
-            endpoints: ids,
-            decided_ms: now_ms,
-            arrival_ms: ticket.arrival_ms,
-            record,
-        }
+        self.account(picker_index, &result);
+        let outcome = match result {
+            Ok(count) if count > 0 => Ok(picked[..count]
+                .iter()
+                .filter_map(|&p| candidates.get(p as usize))
+                .map(|e| e.slot as usize)
+                .collect()),
+            Ok(_) => Err("it chose no endpoint".to_string()),
+            Err(error) => Err(error.message.to_string()),
+        };
+        self.scratch.picked = picked;
+        outcome.map_err(|reason| Rejection::PickerFailed {
+            picker: self.pipeline.plugins[picker_index].label(),
+            reason,
+        })
+    }
+}
+
+fn attr_view<'a>(store: &'a [AttrValue], stride: usize, rows: &'a [u32]) -> AttrView<'a> {
+    AttrView {
+        values: RSlice::from_slice(store),
+        stride: stride as u32,
+        rows: RSlice::from_slice(rows),
     }
 }
 
@@ -784,25 +817,6 @@ pub fn clamp_score(score: f64) -> f64 {
         0.0
     } else {
         score.clamp(0.0, 1.0)
-    }
-}
-
-fn request_view<'a>(
-    request: &'a Request,
-    prompts: &'a [PromptTokens<'a>],
-    now_ms: f64,
-    seed: u64,
-    explain: bool,
-) -> RequestView<'a> {
-    RequestView {
-        id: RStr::from(request.id.as_str()),
-        model: RStr::from(request.model.as_str()),
-        cache_salt: RStr::from(request.cache_salt.as_str()),
-        prompts: RSlice::from_slice(prompts),
-        max_output_tokens: request.max_output_tokens.map_or(-1, |m| m as i64),
-        now_ms: now_ms.max(0.0) as u64,
-        random_seed: seed,
-        explain,
     }
 }
 

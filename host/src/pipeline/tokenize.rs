@@ -28,13 +28,13 @@ pub struct TokenizerConfig {
 pub struct EstimateConfig {}
 
 /// Token ids of every prompt of a request.
-pub fn tokenize(prompt: &Prompt) -> Vec<Vec<u32>> {
+pub fn tokenize(prompt: Prompt) -> Vec<Vec<u32>> {
     match prompt {
-        Prompt::Tokens(prompts) => prompts.clone(),
+        Prompt::Tokens(prompts) => prompts,
         Prompt::Text(text) => vec![pack_bytes(text.as_bytes())],
         Prompt::Chat(messages) => {
             let mut bytes = Vec::new();
-            for message in messages {
+            for message in &messages {
                 bytes.extend_from_slice(message.role.as_bytes());
                 bytes.extend_from_slice(message.content.as_bytes());
             }
@@ -102,20 +102,20 @@ mod tests {
     #[test]
     fn estimate_matches_the_reference_vectors() {
         assert_eq!(
-            tokenize(&Prompt::Text("hello world".into())),
+            tokenize(Prompt::Text("hello world".into())),
             vec![vec![1819043176, 1870078063, 6581362]]
         );
         let chat = Prompt::Chat(vec![super::super::request::ChatMessage {
             role: "user".into(),
             content: "hi".into(),
         }]);
-        assert_eq!(tokenize(&chat), vec![vec![1919251317, 26984]]);
+        assert_eq!(tokenize(chat), vec![vec![1919251317, 26984]]);
     }
 
     #[test]
     fn token_ids_pass_through() {
         let prompt = Prompt::Tokens(vec![vec![1, 2, 3], vec![4]]);
-        assert_eq!(tokenize(&prompt), vec![vec![1, 2, 3], vec![4]]);
+        assert_eq!(tokenize(prompt), vec![vec![1, 2, 3], vec![4]]);
     }
 
     #[test]

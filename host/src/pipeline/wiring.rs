@@ -33,6 +33,9 @@ pub struct WiredPlugin {
     pub declarations: Declarations,
     /// Created because a consumer required its data, not listed in the config.
     pub auto_created: bool,
+    /// Its work is done by the host itself (the built-in token producer: the host tokenizes
+    /// every request on admission), so the scheduler does not call it.
+    pub host_native: bool,
     /// Row of each declared consumed key (same order), `u32::MAX` when nothing produces it.
     pub consumed_rows: Vec<u32>,
     /// Row of each declared produced key (same order).
@@ -199,6 +202,8 @@ fn wire_instance(
         object,
         declarations,
         auto_created,
+        host_native: plugin_type.source == Source::Builtin
+            && plugin_type.name() == super::tokenize::TYPE_NAME,
         consumed_rows: Vec::new(),
         produced_rows: Vec::new(),
     }
