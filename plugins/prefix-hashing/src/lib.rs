@@ -8,7 +8,8 @@
 
 use xxhash_rust::xxh64::{xxh64, Xxh64};
 
-/// Token bytes hashed per step when a block is larger than one buffer.
+/// Tokens converted per step by the portable path.
+#[cfg(any(test, not(target_endian = "little")))]
 const BUF_TOKENS: usize = 256;
 
 /// Start of the hash chain for every prompt of a request: XXH64 of the model name's bytes
@@ -74,6 +75,24 @@ fn content_hash(tokens: &[u32]) -> u64 {
     if tokens.is_empty() {
         return 0;
     }
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: `u32` has no padding and every byte pattern is a valid `u8`; the byte slice
+        // covers exactly the tokens' memory and lives no longer than the borrow of `tokens`.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(tokens.as_ptr().cast::<u8>(), std::mem::size_of_val(tokens))
+        };
+        xxh64(bytes, 0)
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        content_hash_portable(tokens)
+    }
+}
+
+/// [`content_hash`] for any byte order: converts the tokens through a stack buffer.
+#[cfg(any(test, not(target_endian = "little")))]
+fn content_hash_portable(tokens: &[u32]) -> u64 {
     let mut buf = [0u8; BUF_TOKENS * 4];
     if tokens.len() <= BUF_TOKENS {
         return xxh64(fill_le(&mut buf, tokens), 0);
@@ -86,6 +105,7 @@ fn content_hash(tokens: &[u32]) -> u64 {
 }
 
 /// Writes `tokens` (at most `BUF_TOKENS`) into `buf` as little-endian bytes.
+#[cfg(any(test, not(target_endian = "little")))]
 fn fill_le<'b>(buf: &'b mut [u8; BUF_TOKENS * 4], tokens: &[u32]) -> &'b [u8] {
     for (dst, token) in buf.chunks_exact_mut(4).zip(tokens) {
         dst.copy_from_slice(&token.to_le_bytes());

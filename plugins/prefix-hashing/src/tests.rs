@@ -158,16 +158,22 @@ fn h4_multi_prompt_block_counts() {
 }
 
 #[test]
-fn large_blocks_hash_like_one_shot() {
-    // Blocks longer than the internal buffer take the streaming path.
+fn both_byte_order_paths_hash_alike() {
+    // The portable path streams blocks longer than its buffer; both paths must agree with
+    // one XXH64 pass over the little-endian bytes.
     let tokens: Vec<u32> = (0..1000u32)
         .map(|t| t.wrapping_mul(2_654_435_761))
         .collect();
     let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
     assert_eq!(content_hash(&tokens), xxh64(&bytes, 0));
+    assert_eq!(content_hash_portable(&tokens), xxh64(&bytes, 0));
     assert_eq!(
-        content_hash(&tokens[..BUF_TOKENS]),
+        content_hash_portable(&tokens[..BUF_TOKENS]),
         xxh64(&bytes[..BUF_TOKENS * 4], 0)
+    );
+    assert_eq!(
+        content_hash(&tokens[..7]),
+        content_hash_portable(&tokens[..7])
     );
 }
 
