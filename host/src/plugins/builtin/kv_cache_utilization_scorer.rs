@@ -1,8 +1,7 @@
 //! `kv-cache-utilization-scorer`: favours endpoints with free KV-cache space, scoring
 //! `1 − utilisation`.
 
-use serde::Deserialize;
-use switchyard_plugin_api::sdk::{parse_parameters, Instance, PluginFactory};
+use switchyard_plugin_api::sdk::{Instance, PluginFactory};
 use switchyard_plugin_api::{
     AttrView, EndpointView, PluginError, PluginKind, RequestView, ScoreOutput, Scorer, Stability,
 };
@@ -20,13 +19,8 @@ pub static FACTORY: PluginFactory = PluginFactory {
 
 inventory::submit! { Builtin(&FACTORY) }
 
-/// `kv-cache-utilization-scorer` takes no parameters; any given is refused.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NoParameters {}
-
 fn create(_instance_name: &str, parameters: &str) -> Result<Instance, PluginError> {
-    parse_parameters::<NoParameters>(parameters)?;
+    super::refuse_parameters(parameters)?;
     Ok(Instance::scorer(KvCacheUtilizationScorer))
 }
 

@@ -11,7 +11,7 @@ use switchyard_plugin_api::{
     EndpointView, Picker, PluginError, PluginKind, RequestView, Stability,
 };
 
-use super::picking::{candidate_count, fill_positions, PickerConfig, MAX_NUM_OF_ENDPOINTS};
+use super::picking::{candidate_count, positions, PickerConfig, MAX_NUM_OF_ENDPOINTS};
 use super::Builtin;
 
 pub static FACTORY: PluginFactory = PluginFactory {
@@ -55,8 +55,7 @@ impl Picker for MaxScorePicker {
         }
         // A uniformly shuffled start makes any deterministic comparison-based selection break
         // ties uniformly: swapping two tied positions in the input swaps them in the output.
-        let picked = &mut picked[..n];
-        fill_positions(picked);
+        let picked = positions(endpoints, scores, picked);
         picked.shuffle(&mut rng);
         let k = self.max_picks.min(n);
         let higher_first = |a: &u32, b: &u32| by_rank(scores[*b as usize], scores[*a as usize]);

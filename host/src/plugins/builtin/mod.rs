@@ -19,6 +19,17 @@ pub struct Builtin(pub &'static PluginFactory);
 
 inventory::collect!(Builtin);
 
+/// For plugin types without parameters: accepts none (`null` or `{}`) and refuses any
+/// given, naming it.
+pub(crate) fn refuse_parameters(
+    parameters: &str,
+) -> Result<(), switchyard_plugin_api::PluginError> {
+    #[derive(Debug, Default, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct NoParameters {}
+    switchyard_plugin_api::sdk::parse_parameters::<NoParameters>(parameters).map(|_| ())
+}
+
 /// Every built-in plugin type, in a stable order (by type name).
 pub fn all() -> Vec<&'static PluginFactory> {
     let mut types: Vec<&'static PluginFactory> = inventory::iter::<Builtin>

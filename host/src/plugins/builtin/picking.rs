@@ -68,11 +68,19 @@ pub fn candidate_count(endpoints: &[EndpointView<'_>], scores: &[f64], picked: &
     endpoints.len().min(scores.len()).min(picked.len())
 }
 
-/// Writes `0..picked.len()` into `picked`: the positions a pick permutes in place.
-pub fn fill_positions(picked: &mut [u32]) {
+/// The positions a pick permutes in place: `picked` cut to the candidate count and filled
+/// with `0..n`.
+pub fn positions<'p>(
+    endpoints: &[EndpointView<'_>],
+    scores: &[f64],
+    picked: &'p mut [u32],
+) -> &'p mut [u32] {
+    let n = candidate_count(endpoints, scores, picked);
+    let picked = &mut picked[..n];
     for (position, slot) in picked.iter_mut().enumerate() {
         *slot = position as u32;
     }
+    picked
 }
 
 /// Moves `count` positions chosen uniformly from `picked[from..]` into

@@ -4,8 +4,7 @@
 //! The shortest queue scores 1 and the longest 0, linearly in between; when every queue has
 //! the same length every endpoint scores 1.
 
-use serde::Deserialize;
-use switchyard_plugin_api::sdk::{parse_parameters, Instance, PluginFactory};
+use switchyard_plugin_api::sdk::{Instance, PluginFactory};
 use switchyard_plugin_api::{
     AttrView, EndpointView, PluginError, PluginKind, RequestView, ScoreOutput, Scorer, Stability,
 };
@@ -23,13 +22,8 @@ pub static FACTORY: PluginFactory = PluginFactory {
 
 inventory::submit! { Builtin(&FACTORY) }
 
-/// `queue-scorer` takes no parameters; any given is refused.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct NoParameters {}
-
 fn create(_instance_name: &str, parameters: &str) -> Result<Instance, PluginError> {
-    parse_parameters::<NoParameters>(parameters)?;
+    super::refuse_parameters(parameters)?;
     Ok(Instance::scorer(QueueScorer))
 }
 

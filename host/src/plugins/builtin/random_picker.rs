@@ -8,9 +8,7 @@ use switchyard_plugin_api::{
     EndpointView, Picker, PluginError, PluginKind, RequestView, Stability,
 };
 
-use super::picking::{
-    candidate_count, choose_uniformly, fill_positions, PickerConfig, MAX_NUM_OF_ENDPOINTS,
-};
+use super::picking::{choose_uniformly, positions, PickerConfig, MAX_NUM_OF_ENDPOINTS};
 use super::Builtin;
 
 pub static FACTORY: PluginFactory = PluginFactory {
@@ -43,10 +41,9 @@ impl Picker for RandomPicker {
         scores: &[f64],
         picked: &mut [u32],
     ) -> Result<usize, PluginError> {
-        let n = candidate_count(endpoints, scores, picked);
-        let picked = &mut picked[..n];
+        let picked = positions(endpoints, scores, picked);
+        let n = picked.len();
         let k = self.max_picks.min(n);
-        fill_positions(picked);
         choose_uniformly(
             picked,
             0,
