@@ -2,8 +2,12 @@
 
 pub mod config;
 pub mod effective;
+pub mod fleet;
+pub mod live;
+pub mod mock_replica;
 pub mod pipeline;
 pub mod plugins;
 pub mod replay;
+pub mod serve;
 pub mod sim;
 pub mod simulate;

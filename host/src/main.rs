@@ -71,6 +71,40 @@ enum Command {
         #[arg(long)]
         brief: bool,
     },
+    /// Route real traffic: an OpenAI-compatible HTTP router in front of model servers (see
+    /// docs/serve.md).
+    Serve {
+        #[command(flatten)]
+        common: Common,
+        /// Port of the API (overrides the port of `serve.listen`).
+        #[arg(long)]
+        port: Option<u16>,
+        /// Port of /metrics, /health and /ready (overrides the port of `serve.metrics_listen`).
+        #[arg(long)]
+        metrics_port: Option<u16>,
+        /// Port of the admin API on loopback (overrides the port of `serve.admin_listen`).
+        #[arg(long)]
+        admin_port: Option<u16>,
+        /// Seed of every random choice.
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Log format: text or json.
+        #[arg(long, default_value = "text")]
+        log_format: String,
+    },
+    /// An OpenAI-compatible stand-in model server for tests and demos, built on the
+    /// simulator's replica model run on the real clock.
+    MockReplica {
+        /// Port to listen on (127.0.0.1).
+        #[arg(long)]
+        port: u16,
+        /// The replica's name, reported in responses and metrics.
+        #[arg(long, default_value = "mock-replica")]
+        name: String,
+        /// The model it serves.
+        #[arg(long, default_value = "mock-model")]
+        model: String,
+    },
     /// Simulate the pipeline against baselines on a modelled fleet (see docs/simulate.md).
     Simulate {
         #[command(flatten)]
@@ -102,14 +136,13 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    let (json_logs, default_level) = match &cli.command {
+        Command::Serve { log_format, .. } => (log_format == "json", "info"),
+        Command::MockReplica { .. } => (false, "info"),
+        _ => (false, "warn"),
+    };
+    init_logging(json_logs, default_level);
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
@@ -119,8 +152,57 @@ fn main() -> ExitCode {
     }
 }
 
+/// Logs to standard error, as text (colour only on a terminal) or as JSON lines.
+fn init_logging(json: bool, default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.with_ansi(std::io::stderr().is_terminal()).init();
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))
+}
+
 fn run(command: Command) -> Result<(), String> {
     match command {
+        Command::Serve {
+            common,
+            port,
+            metrics_port,
+            admin_port,
+            seed,
+            log_format,
+        } => {
+            if log_format != "text" && log_format != "json" {
+                return Err(format!(
+                    "--log-format must be text or json (got '{log_format}')"
+                ));
+            }
+            let config = read_config(&common.config)?;
+            let options = common.options();
+            let serve_options = switchyard::serve::ServeOptions {
+                port,
+                metrics_port,
+                admin_port,
+                seed,
+            };
+            runtime()?.block_on(switchyard::serve::run(config, options, serve_options))
+        }
+        Command::MockReplica { port, name, model } => {
+            runtime()?.block_on(switchyard::mock_replica::run(
+                switchyard::mock_replica::MockOptions { port, name, model },
+            ))
+        }
         Command::Check(common) => {
             let config = read_config(&common.config)?;
             let options = common.options();

@@ -39,6 +39,87 @@ pub struct Config {
     pub plugins: Vec<PluginConfig>,
     #[serde(default)]
     pub profiles: Vec<ProfileConfig>,
+    /// Live fleet: discovery file and model-server metrics scraping (`serve`, `ext-proc`).
+    #[serde(default)]
+    pub fleet: FleetConfig,
+    /// The HTTP router (`serve`).
+    #[serde(default)]
+    pub serve: ServeConfig,
+}
+
+/// Where the live drivers find endpoints and how they keep their load facts fresh.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FleetConfig {
+    /// A discovery file (YAML or JSON, `endpoints: [{name, namespace, address, port, labels}]`),
+    /// watched for changes; relative to the config file. When set, `[[endpoints]]` must be empty.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub discovery_file: Option<String>,
+    /// How often each endpoint's `/metrics` is scraped; 0 turns scraping off.
+    pub scrape_interval_ms: u64,
+    /// A scrape that has not answered within this is a failure.
+    pub scrape_timeout_ms: u64,
+    /// Metrics older than this mark the endpoint stale.
+    pub stale_after_ms: u64,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        FleetConfig {
+            discovery_file: None,
+            scrape_interval_ms: 50,
+            scrape_timeout_ms: 1000,
+            stale_after_ms: 2000,
+        }
+    }
+}
+
+/// The HTTP router's limits and behaviour.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServeConfig {
+    /// Address the OpenAI-compatible API listens on (`--port` overrides the port).
+    pub listen: String,
+    /// Address of `/metrics`, `/health`, `/ready` (`--metrics-port` overrides the port).
+    pub metrics_listen: String,
+    /// Address of the admin API (decisions, plugin counters and state, config); loopback by
+    /// default. Empty turns it off.
+    pub admin_listen: String,
+    /// Largest request body accepted; larger ones get 413.
+    pub max_body_bytes: u64,
+    /// Other candidates tried when an endpoint refuses the connection before the request was
+    /// sent.
+    pub max_retries: u32,
+    /// Requests in flight per endpoint before new ones get 429; 0 means no limit.
+    pub max_in_flight_per_endpoint: u32,
+    /// Requests in flight in total before new ones get 429; 0 means no limit.
+    pub max_in_flight: u32,
+    /// A request whose response has not ended after this is cut and released; 0 means never.
+    pub request_timeout_ms: u64,
+    /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
+    pub drain_timeout_ms: u64,
+    /// Add `x-switchyard-decision` (the pick and the top scores) to every response.
+    pub decision_header: bool,
+    /// Decision records kept for the admin API.
+    pub decision_records: usize,
+}
+
+impl Default for ServeConfig {
+    fn default() -> Self {
+        ServeConfig {
+            listen: "0.0.0.0:8080".into(),
+            metrics_listen: "0.0.0.0:9090".into(),
+            admin_listen: "127.0.0.1:9091".into(),
+            max_body_bytes: 32 * 1024 * 1024,
+            max_retries: 2,
+            max_in_flight_per_endpoint: 0,
+            max_in_flight: 0,
+            request_timeout_ms: 600_000,
+            drain_timeout_ms: 30_000,
+            decision_header: false,
+            decision_records: 1024,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -55,6 +136,10 @@ pub struct EndpointConfig {
     /// Load facts for offline use (replay, check); live drivers scrape them.
     #[serde(default)]
     pub metrics: MetricsConfig,
+    /// Free-form labels; `llm-d.ai/engine-type` (`vllm`, default, or `sglang`) selects the
+    /// metric names scraped.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 impl EndpointConfig {
