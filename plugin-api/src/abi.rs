@@ -195,6 +195,7 @@ pub struct Declarations {
 }
 
 impl Declarations {
+    #[inline]
     pub fn batch(&self) -> Option<BatchPolicy> {
         (self.batch_window_ms > 0).then_some(BatchPolicy {
             window_ms: self.batch_window_ms,
@@ -264,6 +265,7 @@ pub struct RequestView<'a> {
 
 impl<'a> RequestView<'a> {
     /// Total number of prompt tokens over all prompts.
+    #[inline]
     pub fn token_count(&self) -> usize {
         self.prompts.iter().map(|p| p.tokens.len()).sum()
     }
@@ -309,6 +311,7 @@ pub enum AttrValue {
 }
 
 impl AttrValue {
+    #[inline]
     pub fn prefix_cache_match(&self) -> Option<PrefixCacheMatchInfo> {
         match self {
             AttrValue::PrefixCacheMatch(v) => Some(*v),
@@ -316,6 +319,7 @@ impl AttrValue {
         }
     }
 
+    #[inline]
     pub fn in_flight_load(&self) -> Option<InFlightLoad> {
         match self {
             AttrValue::InFlightLoad(v) => Some(*v),
@@ -323,6 +327,7 @@ impl AttrValue {
         }
     }
 
+    #[inline]
     pub fn latency_prediction(&self) -> Option<LatencyPrediction> {
         match self {
             AttrValue::LatencyPrediction(v) => Some(*v),
@@ -330,6 +335,7 @@ impl AttrValue {
         }
     }
 
+    #[inline]
     pub fn is_absent(&self) -> bool {
         matches!(self, AttrValue::Absent)
     }
@@ -357,6 +363,7 @@ impl<'a> AttrView<'a> {
     };
 
     /// The value of the `consumed`-th declared key on `endpoint`, if one was produced.
+    #[inline]
     pub fn get(&self, consumed: usize, endpoint: &EndpointView<'_>) -> Option<&'a AttrValue> {
         let row = *self.rows.as_slice().get(consumed)?;
         if row == u32::MAX {
@@ -552,6 +559,7 @@ impl PluginInstance {
         unsafe { (self.vtable.declarations)(self.state) }
     }
 
+    #[inline]
     pub fn produce(
         &self,
         items: &[ProduceItem<'_>],
@@ -561,6 +569,7 @@ impl PluginInstance {
         unsafe { (self.vtable.produce)(self.state, items.into(), out.into()) }.into_result()
     }
 
+    #[inline]
     pub fn filter(
         &self,
         request: &RequestView<'_>,
@@ -583,6 +592,7 @@ impl PluginInstance {
         .into_result()
     }
 
+    #[inline]
     pub fn score(
         &self,
         request: &RequestView<'_>,
@@ -606,6 +616,7 @@ impl PluginInstance {
     }
 
     /// Writes the positions of the chosen endpoints into `picked` and returns how many.
+    #[inline]
     pub fn pick(
         &self,
         request: &RequestView<'_>,
@@ -627,6 +638,7 @@ impl PluginInstance {
         .map(|count| (count as usize).min(picked.len()))
     }
 
+    #[inline]
     pub fn dispatched(
         &self,
         request: &RequestView<'_>,
@@ -636,6 +648,7 @@ impl PluginInstance {
         unsafe { (self.vtable.dispatched)(self.state, request, endpoint) }.into_result()
     }
 
+    #[inline]
     pub fn completed(
         &self,
         request: &RequestView<'_>,

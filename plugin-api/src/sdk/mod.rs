@@ -61,12 +61,14 @@ pub struct ProduceBatch<'a> {
 }
 
 impl<'a> ProduceBatch<'a> {
+    #[inline]
     pub(crate) fn new(out: &'a mut [AttrValue]) -> Self {
         ProduceBatch { out }
     }
 
     /// Sets the `key`-th declared produced value of `item` on its `endpoint`-th candidate.
     /// Out-of-range positions are ignored.
+    #[inline]
     pub fn put(&mut self, item: &ProduceItem<'_>, key: usize, endpoint: usize, value: AttrValue) {
         let width = item.endpoints.len();
         if endpoint >= width {
