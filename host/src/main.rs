@@ -91,6 +91,9 @@ enum Command {
         /// Log format: text or json.
         #[arg(long, default_value = "text")]
         log_format: String,
+        /// Write every request as a `replay` input line to this file.
+        #[arg(long)]
+        journal: Option<PathBuf>,
     },
     /// An OpenAI-compatible stand-in model server for tests and demos, built on the
     /// simulator's replica model run on the real clock.
@@ -104,6 +107,21 @@ enum Command {
         /// The model it serves.
         #[arg(long, default_value = "mock-model")]
         model: String,
+        /// Prefill throughput, prompt tokens per second (the simulator's default).
+        #[arg(long, default_value_t = FleetConfig::default().prefill_tokens_per_second)]
+        prefill_tokens_per_second: f64,
+        /// Decode speed of one sequence, tokens per second.
+        #[arg(long, default_value_t = FleetConfig::default().decode_tokens_per_second)]
+        decode_tokens_per_second: f64,
+        /// Sequences run at once; further requests wait.
+        #[arg(long, default_value_t = FleetConfig::default().max_running_sequences)]
+        max_running: u32,
+        /// Tokens per KV-cache block (prefix-cache granularity).
+        #[arg(long, default_value_t = FleetConfig::default().block_size_tokens)]
+        block_size: usize,
+        /// Prefix-cache capacity in blocks.
+        #[arg(long, default_value_t = FleetConfig::default().cache_capacity_blocks)]
+        cache_blocks: usize,
     },
     /// Simulate the pipeline against baselines on a modelled fleet (see docs/simulate.md).
     Simulate {
@@ -182,6 +200,7 @@ fn run(command: Command) -> Result<(), String> {
             admin_port,
             seed,
             log_format,
+            journal,
         } => {
             if log_format != "text" && log_format != "json" {
                 return Err(format!(
@@ -195,14 +214,31 @@ fn run(command: Command) -> Result<(), String> {
                 metrics_port,
                 admin_port,
                 seed,
+                journal,
             };
             runtime()?.block_on(switchyard::serve::run(config, options, serve_options))
         }
-        Command::MockReplica { port, name, model } => {
-            runtime()?.block_on(switchyard::mock_replica::run(
-                switchyard::mock_replica::MockOptions { port, name, model },
-            ))
-        }
+        Command::MockReplica {
+            port,
+            name,
+            model,
+            prefill_tokens_per_second,
+            decode_tokens_per_second,
+            max_running,
+            block_size,
+            cache_blocks,
+        } => runtime()?.block_on(switchyard::mock_replica::run(
+            switchyard::mock_replica::MockOptions {
+                port,
+                name,
+                model,
+                prefill_tokens_per_second,
+                decode_tokens_per_second,
+                max_running,
+                block_size,
+                cache_blocks,
+            },
+        )),
         Command::Check(common) => {
             let config = read_config(&common.config)?;
             let options = common.options();

@@ -5,8 +5,9 @@ use std::io::{BufRead, Write};
 
 use serde::{Deserialize, Serialize};
 
+use crate::live::body::PromptField;
 use crate::pipeline::record::DecisionRecord;
-use crate::pipeline::{Decision, Endpoint, Fleet, Prompt, Request, Scheduler};
+use crate::pipeline::{ChatMessage, Decision, Endpoint, Fleet, Prompt, Request, Scheduler};
 use switchyard_plugin_api::EndpointMetrics;
 
 /// One input line.
@@ -24,9 +25,12 @@ pub struct ReplayLine {
     /// Token ids of one prompt.
     #[serde(default)]
     pub tokens: Option<Vec<u32>>,
-    /// Text, tokenized by the token producer's estimate.
+    /// A completions `prompt`: text, a list of texts, token ids or lists of token ids.
     #[serde(default)]
-    pub prompt: Option<String>,
+    pub prompt: Option<PromptField>,
+    /// Chat messages (`role`, `content`).
+    #[serde(default)]
+    pub messages: Option<Vec<ChatMessage>>,
     #[serde(default)]
     pub max_output_tokens: Option<u64>,
     /// When the request completes (releasing in-flight load), if it does.
@@ -36,6 +40,28 @@ pub struct ReplayLine {
     /// entry leaves out keep their last value.
     #[serde(default)]
     pub metrics: Option<std::collections::BTreeMap<String, MetricsUpdate>>,
+}
+
+impl ReplayLine {
+    /// The request's prompt, from whichever of `tokens`, `prompt` and `messages` it gives.
+    pub fn prompt(&self) -> Prompt {
+        match (&self.tokens, &self.prompt, &self.messages) {
+            (Some(tokens), _, _) => Prompt::Tokens(vec![tokens.clone()]),
+            (None, Some(prompt), _) => prompt.0.clone(),
+            (None, None, Some(messages)) => Prompt::Chat(messages.clone()),
+            (None, None, None) => Prompt::Tokens(Vec::new()),
+        }
+    }
+}
+
+/// The input fields that carry `prompt`, as a replay line writes them: `tokens` for one list of
+/// token ids, `messages` for chat, `prompt` otherwise.
+pub fn prompt_fields(prompt: &Prompt) -> (&'static str, serde_json::Value) {
+    match prompt {
+        Prompt::Tokens(lists) if lists.len() == 1 => ("tokens", serde_json::json!(lists[0])),
+        Prompt::Chat(messages) => ("messages", serde_json::json!(messages)),
+        other => ("prompt", serde_json::json!(other)),
+    }
 }
 
 /// New values for some of an endpoint's load facts.
@@ -103,10 +129,15 @@ pub fn read_input(reader: impl BufRead) -> Result<Vec<ReplayLine>, InputError> {
             line: number,
             message: e.to_string(),
         })?;
-        if parsed.tokens.is_some() == parsed.prompt.is_some() {
+        let given = [
+            parsed.tokens.is_some(),
+            parsed.prompt.is_some(),
+            parsed.messages.is_some(),
+        ];
+        if given.iter().filter(|g| **g).count() != 1 {
             return Err(InputError {
                 line: number,
-                message: "give exactly one of `tokens` and `prompt`".into(),
+                message: "give exactly one of `tokens`, `prompt` and `messages`".into(),
             });
         }
         if !parsed.arrival_ms.is_finite() || parsed.arrival_ms < 0.0 {
@@ -198,11 +229,7 @@ pub fn run(
             id: id.clone(),
             model: line.model.clone(),
             cache_salt: line.cache_salt.clone(),
-            prompt: match (&line.tokens, &line.prompt) {
-                (Some(tokens), _) => Prompt::Tokens(vec![tokens.clone()]),
-                (None, Some(text)) => Prompt::Text(text.clone()),
-                (None, None) => Prompt::Tokens(Vec::new()),
-            },
+            prompt: line.prompt(),
             max_output_tokens: line.max_output_tokens,
         };
         if let Some(done) = line.completion_ms {

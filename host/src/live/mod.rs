@@ -1,2 +1,11 @@
-//! What the real-time drivers share: the thread that owns the scheduler on the real clock,
-//! and the lifecycle of a dispatched request (charged at dispatch, released exactly once).
+//! What the real-time drivers share: the real clock, reading inference bodies, the owner of
+//! the scheduler on the real clock, and the lifecycle of a dispatched request (charged at
+//! dispatch, released exactly once).
+
+pub mod body;
+pub mod clock;
+pub mod dispatch;
+pub mod journal;
+
+pub use clock::RealClock;
+pub use dispatch::{InFlight, Limits, LiveScheduler, Placed, Placement};

@@ -2,22 +2,27 @@
 
 use std::sync::Arc;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use switchyard_plugin_api::EndpointMetrics;
 
 /// The prompt of a request as it arrived.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum Prompt {
     /// Token ids, one list per prompt.
     Tokens(Vec<Vec<u32>>),
     /// Text, tokenized by the token producer.
     Text(String),
+    /// Several texts in one completions request: one prompt per text when there are two or
+    /// more (as the reference hashes them), the text itself when there is one.
+    Texts(Vec<String>),
     /// Chat messages, tokenized by the token producer.
     Chat(Vec<ChatMessage>),
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+/// One chat message as the tokenizer sees it: the role, and the text of its content (text
+/// parts of structured content concatenated).
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,

@@ -60,6 +60,10 @@ pub enum Rejection {
         picker: String,
         reason: String,
     },
+    /// A live driver's in-flight limit is reached (never raised by the scheduler itself).
+    Saturated {
+        limit: String,
+    },
 }
 
 impl std::fmt::Display for Rejection {
@@ -72,6 +76,7 @@ impl std::fmt::Display for Rejection {
             Rejection::PickerFailed { picker, reason } => {
                 write!(f, "picker '{picker}' failed: {reason}")
             }
+            Rejection::Saturated { limit } => write!(f, "saturated: {limit}"),
         }
     }
 }

@@ -3,8 +3,9 @@
 //!
 //! Token ids in the request pass through. Text is estimated at four bytes per token (bytes
 //! zero-padded to a multiple of four, read as little-endian `u32`), as the reference's
-//! tokenizer-free backend does, so prefix hashes of the same text agree with it. Chat messages
-//! contribute role then content, with no separators.
+//! tokenizer-free backend does, so prefix hashes of the same text agree with it. Several texts
+//! in one request are one prompt each. Chat messages contribute role then content, with no
+//! separators.
 
 use serde::Deserialize;
 use switchyard_plugin_api::keys::TOKENIZED_PROMPT;
@@ -32,6 +33,7 @@ pub fn tokenize(prompt: Prompt) -> Vec<Vec<u32>> {
     match prompt {
         Prompt::Tokens(prompts) => prompts,
         Prompt::Text(text) => vec![pack_bytes(text.as_bytes())],
+        Prompt::Texts(texts) => texts.iter().map(|t| pack_bytes(t.as_bytes())).collect(),
         Prompt::Chat(messages) => {
             let mut bytes = Vec::new();
             for message in &messages {
@@ -110,6 +112,17 @@ mod tests {
             content: "hi".into(),
         }]);
         assert_eq!(tokenize(chat), vec![vec![1919251317, 26984]]);
+    }
+
+    #[test]
+    fn several_texts_are_one_prompt_each() {
+        let prompt = Prompt::Texts(vec!["abcd".into(), "hello world".into()]);
+        assert_eq!(
+            tokenize(prompt),
+            vec![vec![1684234849], vec![1819043176, 1870078063, 6581362]]
+        );
+        let one = Prompt::Texts(vec!["hello world".into()]);
+        assert_eq!(tokenize(one), tokenize(Prompt::Text("hello world".into())));
     }
 
     #[test]

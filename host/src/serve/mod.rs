@@ -1,7 +1,40 @@
 //! `switchyard serve`: the OpenAI-compatible HTTP router.
+//!
+//! Three listeners: the API (`serve.listen`), `/metrics` `/health` `/ready`
+//! (`serve.metrics_listen`) and the admin API (`serve.admin_listen`, loopback by default). On
+//! SIGTERM or SIGINT the router stops accepting, reports not ready, lets requests in flight
+//! finish within `drain_timeout_ms`, and exits.
+
+mod admin;
+pub mod api;
+pub mod metrics;
+pub mod response;
+pub mod upstream;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 use crate::config::LoadedConfig;
-use crate::pipeline::Options;
+use crate::fleet::LiveFleet;
+use crate::live::journal::Journal;
+use crate::live::{Limits, LiveScheduler, RealClock};
+use crate::pipeline::{build, load_registry, Fleet, Options, Scheduler};
+use api::{RequestIds, Router};
+use response::ServeBody;
 
 /// Command-line overrides of `[serve]`.
 #[derive(Debug, Clone, Default)]
@@ -10,6 +43,8 @@ pub struct ServeOptions {
     pub metrics_port: Option<u16>,
     pub admin_port: Option<u16>,
     pub seed: u64,
+    /// Write every request as a `replay` input line here.
+    pub journal: Option<PathBuf>,
 }
 
 /// Serves until SIGTERM/SIGINT, then drains.
@@ -18,6 +53,216 @@ pub async fn run(
     options: Options,
     serve: ServeOptions,
 ) -> Result<(), String> {
-    let _ = (config, options, serve);
-    Err("serve is not built yet".into())
+    let mut settings = config.config.serve.clone();
+    let listen = address("serve.listen", &settings.listen, serve.port)?;
+    let metrics_listen = address(
+        "serve.metrics_listen",
+        &settings.metrics_listen,
+        serve.metrics_port,
+    )?;
+    let admin_listen = match (settings.admin_listen.is_empty(), serve.admin_port) {
+        (true, None) => None,
+        (true, Some(port)) => Some(SocketAddr::from(([127, 0, 0, 1], port))),
+        (false, port) => Some(address("serve.admin_listen", &settings.admin_listen, port)?),
+    };
+    settings.listen = listen.to_string();
+
+    let registry = load_registry(&config, &options).map_err(|e| e.to_string())?;
+    let pipeline = build(&config, &registry, &options).map_err(|e| e.to_string())?;
+    let effective = Arc::new(crate::effective::render(&config, &registry, &pipeline));
+    let fleet = LiveFleet::start(&config).await?;
+    let scheduler = Scheduler::new(Arc::new(pipeline), Fleet::default(), serve.seed);
+    let keep_records = if settings.decision_header {
+        settings.decision_records.max(1)
+    } else {
+        settings.decision_records
+    };
+    let live = LiveScheduler::start(
+        scheduler,
+        fleet.subscribe(),
+        RealClock::start(),
+        Limits {
+            per_endpoint: settings.max_in_flight_per_endpoint,
+            total: settings.max_in_flight,
+        },
+        keep_records,
+    );
+    let (journal, journal_task) = match &serve.journal {
+        Some(path) => {
+            let (journal, task) = Journal::create(path).await?;
+            (Some(journal), Some(task))
+        }
+        None => (None, None),
+    };
+
+    let api_listener = bind("API", listen).await?;
+    let metrics_listener = bind("metrics", metrics_listen).await?;
+    let admin_listener = match admin_listen {
+        Some(addr) => Some(bind("admin", addr).await?),
+        None => None,
+    };
+    let drain = Duration::from_millis(settings.drain_timeout_ms);
+    let router = Arc::new(Router {
+        live,
+        fleet,
+        client: upstream::client(),
+        metrics: metrics::Metrics::default(),
+        settings,
+        journal,
+        ids: RequestIds::new(id_prefix()),
+    });
+    let draining = Arc::new(AtomicBool::new(false));
+    let (stop, stopped) = watch::channel(false);
+
+    tracing::info!(
+        api = %local(&api_listener),
+        metrics = %local(&metrics_listener),
+        admin = %admin_listener.as_ref().map_or("off".to_string(), local),
+        endpoints = router.fleet.current().members.len(),
+        "switchyard serve is listening"
+    );
+
+    let api = {
+        let router = router.clone();
+        tokio::spawn(accept(
+            api_listener,
+            stopped.clone(),
+            drain,
+            move |request| router.clone().handle(request),
+        ))
+    };
+    let observe = {
+        let router = router.clone();
+        let draining = draining.clone();
+        tokio::spawn(accept(
+            metrics_listener,
+            stopped.clone(),
+            drain,
+            move |request| admin::observe(router.clone(), draining.clone(), request),
+        ))
+    };
+    let admin = admin_listener.map(|listener| {
+        let router = router.clone();
+        let effective = effective.clone();
+        tokio::spawn(accept(listener, stopped.clone(), drain, move |request| {
+            admin::admin(router.clone(), effective.clone(), request)
+        }))
+    });
+
+    let signal = shutdown_signal().await?;
+    tracing::info!(
+        "{signal}: draining (up to {} ms for requests in flight)",
+        drain.as_millis()
+    );
+    draining.store(true, Ordering::Relaxed);
+    let _ = stop.send(true);
+    let _ = api.await;
+    let (_, in_flight) = router.live.in_flight();
+    if in_flight > 0 {
+        tracing::warn!("{in_flight} requests still in flight after the drain deadline; cut");
+    }
+    let _ = observe.await;
+    if let Some(admin) = admin {
+        let _ = admin.await;
+    }
+    drop(router);
+    if let Some(task) = journal_task {
+        task.finish().await;
+    }
+    // The plugin libraries stay loaded until the process exits.
+    std::mem::forget(registry);
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Distinguishes the ids this process generates from another's.
+fn id_prefix() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    nanos ^ (u64::from(std::process::id()) << 32)
+}
+
+/// `text` as a socket address, with its port replaced by `port` when given.
+fn address(key: &str, text: &str, port: Option<u16>) -> Result<SocketAddr, String> {
+    let mut addr: SocketAddr = text
+        .parse()
+        .map_err(|_| format!("{key} = '{text}' is not an address like 0.0.0.0:8080"))?;
+    if let Some(port) = port {
+        addr.set_port(port);
+    }
+    Ok(addr)
+}
+
+async fn bind(what: &str, addr: SocketAddr) -> Result<TcpListener, String> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen for the {what} on {addr}: {e}"))
+}
+
+fn local(listener: &TcpListener) -> String {
+    listener
+        .local_addr()
+        .map_or_else(|_| "?".to_string(), |a| a.to_string())
+}
+
+/// Waits for SIGTERM or SIGINT and names it.
+async fn shutdown_signal() -> Result<&'static str, String> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
+    tokio::select! {
+        _ = terminate.recv() => Ok("SIGTERM"),
+        result = tokio::signal::ctrl_c() => result
+            .map(|()| "SIGINT")
+            .map_err(|e| format!("cannot watch SIGINT: {e}")),
+    }
+}
+
+/// Serves HTTP/1.1 connections with `handler` until `stop`, then waits up to `drain` for the
+/// connections' requests to finish.
+async fn accept<H, F>(
+    listener: TcpListener,
+    mut stop: watch::Receiver<bool>,
+    drain: Duration,
+    handler: H,
+) where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<ServeBody>> + Send + 'static,
+{
+    let graceful = GracefulShutdown::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(error) => {
+                        // Out of descriptors and the like: back off rather than spin.
+                        tracing::warn!("accept failed: {error}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let handler = handler.clone();
+                let service = service_fn(move |request| {
+                    let response = handler(request);
+                    async move { Ok::<_, Infallible>(response.await) }
+                });
+                let connection = http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service);
+                let watched = graceful.watch(connection);
+                tokio::spawn(async move {
+                    let _ = watched.await;
+                });
+            }
+            _ = stop.changed() => break,
+        }
+    }
+    drop(listener);
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain deadline reached; closing the remaining connections");
+    }
 }

@@ -1,0 +1,115 @@
+//! A record of the traffic a live driver placed, written as `replay` input: one line per
+//! request with its arrival time, prompt and completion time, so anything `serve` saw can be
+//! replayed and explained offline. Lines are written when a request ends (so they are not in
+//! arrival order; `replay` orders them by `arrival_ms`).
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+
+use crate::pipeline::Prompt;
+use crate::replay::prompt_fields;
+
+/// The writer of a journal file; cheap to clone.
+#[derive(Clone)]
+pub struct Journal {
+    lines: mpsc::UnboundedSender<Vec<u8>>,
+}
+
+/// Flushes and closes the journal file once every [`Journal`] is gone.
+pub struct JournalTask(tokio::task::JoinHandle<()>);
+
+impl JournalTask {
+    pub async fn finish(self) {
+        let _ = self.0.await;
+    }
+}
+
+/// One request's line, begun at arrival and completed when it ends.
+pub struct JournalEntry {
+    fields: Map<String, Value>,
+}
+
+impl JournalEntry {
+    pub fn begin(
+        arrival_ms: f64,
+        id: &str,
+        model: &str,
+        cache_salt: &str,
+        prompt: &Prompt,
+        max_output_tokens: Option<u64>,
+    ) -> JournalEntry {
+        let mut fields = Map::new();
+        fields.insert("arrival_ms".into(), round_ms(arrival_ms));
+        fields.insert("id".into(), id.into());
+        fields.insert("model".into(), model.into());
+        if !cache_salt.is_empty() {
+            fields.insert("cache_salt".into(), cache_salt.into());
+        }
+        let (key, value) = prompt_fields(prompt);
+        fields.insert(key.into(), value);
+        if let Some(max) = max_output_tokens {
+            fields.insert("max_output_tokens".into(), max.into());
+        }
+        JournalEntry { fields }
+    }
+
+    /// The arrival time the scheduler used.
+    pub fn set_arrival(&mut self, arrival_ms: f64) {
+        self.fields
+            .insert("arrival_ms".into(), round_ms(arrival_ms));
+    }
+
+    /// The id the scheduler used (it may differ from the client's when that was in use).
+    pub fn set_id(&mut self, id: &str) {
+        self.fields.insert("id".into(), id.into());
+    }
+
+    /// The line, with `completion_ms` when the request was placed and has ended.
+    pub fn finish(mut self, completion_ms: Option<f64>) -> Vec<u8> {
+        if let Some(done) = completion_ms {
+            self.fields.insert("completion_ms".into(), round_ms(done));
+        }
+        let mut line = serde_json::to_vec(&Value::Object(self.fields)).unwrap_or_default();
+        line.push(b'\n');
+        line
+    }
+}
+
+/// Milliseconds to the microsecond: enough to keep every order the scheduler saw.
+fn round_ms(ms: f64) -> Value {
+    ((ms * 1000.0).round() / 1000.0).into()
+}
+
+impl Journal {
+    /// Creates (truncates) `path` and starts its writer on the current runtime.
+    pub async fn create(path: &Path) -> Result<(Journal, JournalTask), String> {
+        let file = tokio::fs::File::create(path)
+            .await
+            .map_err(|e| format!("cannot write the journal {}: {e}", path.display()))?;
+        let (lines, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let shown = path.display().to_string();
+        let task = tokio::spawn(async move {
+            let mut out = tokio::io::BufWriter::new(file);
+            while let Some(line) = rx.recv().await {
+                let mut result = out.write_all(&line).await;
+                // Flush whenever the queue is drained, so the file is current when idle.
+                if result.is_ok() && rx.is_empty() {
+                    result = out.flush().await;
+                }
+                if let Err(e) = result {
+                    tracing::error!("journal {shown}: {e}; no further lines are written");
+                    return;
+                }
+            }
+            let _ = out.flush().await;
+        });
+        Ok((Journal { lines }, JournalTask(task)))
+    }
+
+    pub fn write(&self, line: Vec<u8>) {
+        let _ = self.lines.send(line);
+    }
+}

@@ -1,0 +1,172 @@
+//! The operator-facing routes: `/metrics`, `/health` and `/ready` on the metrics listener, and
+//! the admin API (bound to loopback by default) with recent decision records, per-plugin
+//! counters, each plugin's `state`, the fleet and the effective config.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{json, Value};
+
+use super::api::Router;
+use super::response::{self, ServeBody};
+
+/// How many decision records `/decisions` returns unless `?limit=` says otherwise.
+const DEFAULT_RECORDS: usize = 100;
+
+/// The metrics listener's routes.
+pub async fn observe(
+    router: Arc<Router>,
+    draining: Arc<AtomicBool>,
+    request: Request<Incoming>,
+) -> Response<ServeBody> {
+    if request.method() != Method::GET {
+        return response::text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "GET only\n".into(),
+            "text/plain",
+        );
+    }
+    match request.uri().path() {
+        "/metrics" => {
+            let fleet = router.fleet.current();
+            response::text(
+                StatusCode::OK,
+                router.metrics.render(&router.live, &fleet),
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )
+        }
+        "/health" => response::json(StatusCode::OK, &json!({"status": "ok"})),
+        "/ready" => {
+            let fleet = router.fleet.current();
+            let fresh = fleet.members.iter().filter(|m| m.fresh).count();
+            let draining = draining.load(Ordering::Relaxed);
+            let ready = fresh > 0 && !draining;
+            let status = if ready {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            response::json(
+                status,
+                &json!({
+                    "ready": ready,
+                    "fresh_endpoints": fresh,
+                    "endpoints": fleet.members.len(),
+                    "draining": draining,
+                }),
+            )
+        }
+        _ => response::text(
+            StatusCode::NOT_FOUND,
+            "routes: /metrics /health /ready\n".into(),
+            "text/plain",
+        ),
+    }
+}
+
+/// The admin API's routes.
+pub async fn admin(
+    router: Arc<Router>,
+    effective_config: Arc<String>,
+    request: Request<Incoming>,
+) -> Response<ServeBody> {
+    if request.method() != Method::GET {
+        return response::text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "GET only\n".into(),
+            "text/plain",
+        );
+    }
+    let query = request.uri().query().unwrap_or("");
+    match request.uri().path() {
+        "/decisions" => {
+            let limit = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("limit="))
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(DEFAULT_RECORDS);
+            let records: Vec<Value> = router
+                .live
+                .records(limit)
+                .iter()
+                .map(|r| serde_json::to_value(&**r).unwrap_or(Value::Null))
+                .collect();
+            response::json(StatusCode::OK, &Value::Array(records))
+        }
+        "/plugins" => {
+            let plugins: Vec<Value> = router
+                .live
+                .plugin_stats()
+                .into_iter()
+                .map(|(label, type_name, stats)| {
+                    json!({
+                        "plugin": label,
+                        "type": type_name,
+                        "calls": stats.calls,
+                        "errors": stats.errors,
+                        "timeouts": stats.timeouts,
+                        "panics": stats.panics,
+                        "batch_overflows": stats.batch_overflows,
+                        "switched_off": stats.poisoned,
+                    })
+                })
+                .collect();
+            response::json(StatusCode::OK, &Value::Array(plugins))
+        }
+        "/plugins/state" => {
+            let mut states = serde_json::Map::new();
+            for (label, state) in router.live.plugin_states() {
+                let value = match state {
+                    Ok(text) => serde_json::from_str(&text).unwrap_or(Value::String(text)),
+                    Err(reason) => json!({"unavailable": reason}),
+                };
+                states.insert(label, value);
+            }
+            response::json(StatusCode::OK, &Value::Object(states))
+        }
+        "/fleet" => {
+            let fleet = router.fleet.current();
+            let (in_flight, _) = router.live.in_flight();
+            let members: Vec<Value> = fleet
+                .members
+                .iter()
+                .map(|m| {
+                    let metrics = &m.endpoint.metrics;
+                    json!({
+                        "id": m.endpoint.id,
+                        "address": m.endpoint.address,
+                        "role": m.endpoint.role,
+                        "labels": m.labels,
+                        "fresh": m.fresh,
+                        "metrics_age_ms": m.metrics_age_ms,
+                        "scrape_failures": m.scrape_failures,
+                        "in_flight": in_flight.iter().find(|(id, _)| *id == m.endpoint.id).map_or(0, |(_, n)| *n),
+                        "metrics": {
+                            "running_requests": metrics.running_requests,
+                            "waiting_requests": metrics.waiting_requests,
+                            "kv_cache_usage": metrics.kv_cache_usage,
+                            "cache_block_size": metrics.cache_block_size,
+                            "cache_num_blocks": metrics.cache_num_blocks,
+                        },
+                    })
+                })
+                .collect();
+            response::json(
+                StatusCode::OK,
+                &json!({"generation": fleet.generation, "endpoints": members}),
+            )
+        }
+        "/config" => response::text(
+            StatusCode::OK,
+            effective_config.to_string(),
+            "text/plain; charset=utf-8",
+        ),
+        _ => response::text(
+            StatusCode::NOT_FOUND,
+            "routes: /decisions[?limit=N] /plugins /plugins/state /fleet /config\n".into(),
+            "text/plain",
+        ),
+    }
+}

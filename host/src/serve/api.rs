@@ -1,0 +1,435 @@
+//! The OpenAI-compatible routes: read the body, place the request, forward it unchanged to
+//! the chosen replica and relay the answer. Connection failures before anything was sent go to
+//! the next candidate, a bounded number of times.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, HOST};
+use hyper::{Method, Request, Response, StatusCode};
+use switchyard_plugin_api::Outcome;
+
+use super::metrics::{Metrics, RequestOutcome};
+use super::response::{json, ApiError, ServeBody};
+use super::upstream::{Client, Ending, RelayedBody};
+use crate::config::ServeConfig;
+use crate::fleet::LiveFleet;
+use crate::live::body::{self, Api};
+use crate::live::journal::{Journal, JournalEntry};
+use crate::live::LiveScheduler;
+use crate::pipeline;
+use crate::replay::ReplayOutput;
+
+pub const REQUEST_ID: &str = "x-request-id";
+/// The opt-in header carrying the pick and the top scores.
+pub const DECISION_HEADER: &str = "x-switchyard-decision";
+/// Totals shown in the decision header.
+const TOP_SCORES: usize = 3;
+/// How long `GET /v1/models` waits for each replica.
+const MODELS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Everything a request handler needs; shared by every connection.
+pub struct Router {
+    pub live: Arc<LiveScheduler>,
+    pub fleet: LiveFleet,
+    pub client: Client,
+    pub metrics: Metrics,
+    pub settings: ServeConfig,
+    pub journal: Option<Journal>,
+    pub ids: RequestIds,
+}
+
+/// Ids for requests that arrive without `x-request-id`.
+pub struct RequestIds {
+    prefix: u64,
+    next: AtomicU64,
+}
+
+impl RequestIds {
+    pub fn new(prefix: u64) -> RequestIds {
+        RequestIds {
+            prefix,
+            next: AtomicU64::new(0),
+        }
+    }
+
+    fn generate(&self) -> String {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        format!("{:012x}-{n}", self.prefix & 0xffff_ffff_ffff)
+    }
+}
+
+impl Router {
+    pub async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ServeBody> {
+        let api = match request.uri().path() {
+            "/v1/completions" => Api::Completions,
+            "/v1/chat/completions" => Api::ChatCompletions,
+            "/inference/v1/generate" => Api::Generate,
+            "/v1/models" if request.method() == Method::GET => return self.models().await,
+            "/v1/models" => return method_not_allowed("GET"),
+            path => {
+                self.metrics.request(RequestOutcome::BadRequest, "");
+                return ApiError::not_found(path).into_response();
+            }
+        };
+        if request.method() != Method::POST {
+            return method_not_allowed("POST");
+        }
+        match self.inference(api, request).await {
+            Ok(response) => response,
+            Err(error) => {
+                self.metrics.request(error.outcome, "");
+                error.into_response()
+            }
+        }
+    }
+
+    async fn inference(
+        &self,
+        api: Api,
+        request: Request<Incoming>,
+    ) -> Result<Response<ServeBody>, ApiError> {
+        let (parts, incoming) = request.into_parts();
+        let bytes = self.read_body(&parts.headers, incoming).await?;
+        let parsed = body::parse(api, &bytes).map_err(|e| ApiError::bad_request(e.message))?;
+        let client_id = parts
+            .headers
+            .get(REQUEST_ID)
+            .filter(|v| !v.is_empty() && v.len() <= 256)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+            .unwrap_or_else(|| self.ids.generate());
+        let mut journal = self.journal.as_ref().map(|j| {
+            let entry = JournalEntry::begin(
+                0.0,
+                &client_id,
+                &parsed.model,
+                &parsed.cache_salt,
+                &parsed.prompt,
+                parsed.max_output_tokens,
+            );
+            (j.clone(), entry)
+        });
+        let deadline = (self.settings.request_timeout_ms > 0).then(|| {
+            tokio::time::Instant::now() + Duration::from_millis(self.settings.request_timeout_ms)
+        });
+        let path = parts
+            .uri
+            .path_and_query()
+            .map_or(api.path(), |p| p.as_str())
+            .to_string();
+        let mut prompt = Some(parsed.prompt);
+        let mut attempt = 0;
+        loop {
+            let prompt = match prompt.take() {
+                Some(prompt) => prompt,
+                // A retry: the first prompt went into the scheduler; the body parsed before.
+                None => {
+                    body::parse(api, &bytes)
+                        .map_err(|e| ApiError::bad_request(e.message))?
+                        .prompt
+                }
+            };
+            let placement = self
+                .live
+                .place(pipeline::Request {
+                    id: client_id.clone(),
+                    model: parsed.model.clone(),
+                    cache_salt: parsed.cache_salt.clone(),
+                    prompt,
+                    max_output_tokens: parsed.max_output_tokens,
+                })
+                .await;
+            self.metrics.decision(
+                placement.cost.as_secs_f64(),
+                (placement.decided_ms - placement.arrival_ms).max(0.0) / 1000.0,
+            );
+            if attempt == 0 {
+                if let Some((_, entry)) = journal.as_mut() {
+                    entry.set_arrival(placement.arrival_ms);
+                    entry.set_id(&placement.request_id);
+                }
+            }
+            let (placed, charge) = match placement.result {
+                Ok(placed) => placed,
+                Err(rejection) => {
+                    if let Some((journal, entry)) = journal {
+                        journal.write(entry.finish(None));
+                    }
+                    return Err(ApiError::rejected(&rejection));
+                }
+            };
+            let upstream = forward_request(&parts, &placed.address, &path, &client_id, &bytes);
+            let sent = match deadline {
+                Some(at) => tokio::time::timeout_at(at, self.client.request(upstream)).await,
+                None => Ok(self.client.request(upstream).await),
+            };
+            let failure = match sent {
+                Ok(Ok(response)) => {
+                    let decision = self
+                        .settings
+                        .decision_header
+                        .then(|| placement.record.as_deref().and_then(decision_header))
+                        .flatten();
+                    let ending = Ending {
+                        metrics: self.metrics.clone(),
+                        endpoint: placed.endpoint_id.clone(),
+                        clock: self.live.clock(),
+                        journal,
+                    };
+                    let (head, incoming) = response.into_parts();
+                    return Ok(relay(
+                        head,
+                        RelayedBody::new(incoming, charge, deadline, ending),
+                        &client_id,
+                        decision,
+                    ));
+                }
+                Ok(Err(error)) => error,
+                Err(_) => {
+                    charge.finish(Outcome::Failed);
+                    self.metrics.upstream_error(&placed.endpoint_id, "timeout");
+                    if let Some((journal, entry)) = journal {
+                        journal.write(entry.finish(Some(self.live.clock().now_ms())));
+                    }
+                    return Err(ApiError::new(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        "upstream_timeout",
+                        RequestOutcome::Timeout,
+                        format!(
+                            "{} did not answer within request_timeout_ms = {}",
+                            placed.endpoint_id, self.settings.request_timeout_ms
+                        ),
+                    ));
+                }
+            };
+            charge.finish(Outcome::Failed);
+            if !failure.is_connect() {
+                self.metrics.upstream_error(&placed.endpoint_id, "response");
+                if let Some((journal, entry)) = journal {
+                    journal.write(entry.finish(Some(self.live.clock().now_ms())));
+                }
+                return Err(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream_error",
+                    RequestOutcome::UpstreamError,
+                    format!("{} failed before answering: {failure}", placed.endpoint_id),
+                ));
+            }
+            self.metrics.upstream_error(&placed.endpoint_id, "connect");
+            self.live.eject(&placed.endpoint_id);
+            tracing::warn!(
+                endpoint = %placed.endpoint_id,
+                request_id = %client_id,
+                "connection failed ({failure}); left out of decisions for a while"
+            );
+            if attempt >= self.settings.max_retries {
+                if let Some((journal, entry)) = journal {
+                    journal.write(entry.finish(None));
+                }
+                return Err(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream_unreachable",
+                    RequestOutcome::Unreachable,
+                    format!(
+                        "no replica could be reached after {} attempt(s); last: {} ({failure})",
+                        attempt + 1,
+                        placed.endpoint_id
+                    ),
+                ));
+            }
+            attempt += 1;
+            self.metrics.retry();
+        }
+    }
+
+    /// The whole request body, within `max_body_bytes`.
+    async fn read_body(&self, headers: &HeaderMap, body: Incoming) -> Result<Bytes, ApiError> {
+        let limit = self.settings.max_body_bytes;
+        let too_large = || {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                RequestOutcome::BodyTooLarge,
+                format!("the request body is larger than max_body_bytes = {limit}"),
+            )
+        };
+        let declared = headers
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit) {
+            return Err(too_large());
+        }
+        match Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX))
+            .collect()
+            .await
+        {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
+            Err(error) => Err(ApiError::bad_request(format!(
+                "the request body could not be read: {error}"
+            ))),
+        }
+    }
+
+    /// `GET /v1/models`: the union of what the fleet's replicas serve.
+    async fn models(&self) -> Response<ServeBody> {
+        let members = self.fleet.current().members.clone();
+        let asks: Vec<_> = members
+            .iter()
+            .map(|member| {
+                let uri = format!("http://{}/v1/models", member.endpoint.address);
+                let client = self.client.clone();
+                tokio::spawn(async move {
+                    let request = Request::get(uri).body(Full::new(Bytes::new())).ok()?;
+                    let response = tokio::time::timeout(MODELS_TIMEOUT, client.request(request))
+                        .await
+                        .ok()?
+                        .ok()?;
+                    if !response.status().is_success() {
+                        return None;
+                    }
+                    let bytes =
+                        tokio::time::timeout(MODELS_TIMEOUT, response.into_body().collect())
+                            .await
+                            .ok()?
+                            .ok()?
+                            .to_bytes();
+                    serde_json::from_slice::<serde_json::Value>(&bytes).ok()
+                })
+            })
+            .collect();
+        let mut seen = std::collections::BTreeMap::new();
+        for ask in asks {
+            let Ok(Some(answer)) = ask.await else {
+                continue;
+            };
+            for model in answer["data"].as_array().into_iter().flatten() {
+                if let Some(id) = model["id"].as_str() {
+                    seen.entry(id.to_string()).or_insert_with(|| model.clone());
+                }
+            }
+        }
+        if seen.is_empty() {
+            return ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no_endpoints",
+                RequestOutcome::NoEndpoints,
+                "no replica answered GET /v1/models",
+            )
+            .into_response();
+        }
+        let data: Vec<serde_json::Value> = seen.into_values().collect();
+        json(
+            StatusCode::OK,
+            &serde_json::json!({"object": "list", "data": data}),
+        )
+    }
+}
+
+fn method_not_allowed(allowed: &'static str) -> Response<ServeBody> {
+    let mut response = ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        RequestOutcome::BadRequest,
+        format!("this route takes {allowed}"),
+    )
+    .into_response();
+    response
+        .headers_mut()
+        .insert(hyper::header::ALLOW, HeaderValue::from_static(allowed));
+    response
+}
+
+/// Headers that belong to one hop and are never forwarded.
+fn hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "transfer-encoding"
+            | "upgrade"
+            | "te"
+            | "trailer"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+    )
+}
+
+/// The client's request as the replica gets it: same method, path, headers and body.
+fn forward_request(
+    parts: &hyper::http::request::Parts,
+    address: &str,
+    path: &str,
+    request_id: &str,
+    body: &Bytes,
+) -> Request<Full<Bytes>> {
+    let mut request = Request::new(Full::new(body.clone()));
+    *request.method_mut() = parts.method.clone();
+    *request.uri_mut() = format!("http://{address}{path}")
+        .parse()
+        .unwrap_or_else(|_| hyper::Uri::from_static("http://invalid/"));
+    let headers = request.headers_mut();
+    for (name, value) in parts.headers.iter() {
+        if !hop_by_hop(name) && name != HOST && name != CONTENT_LENGTH {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    if let Ok(value) = HeaderValue::from_str(address) {
+        headers.insert(HOST, value);
+    }
+    if let Ok(value) = HeaderValue::from_str(request_id) {
+        headers.insert(REQUEST_ID, value);
+    }
+    request
+}
+
+/// The replica's response with its status and headers, relaying its body.
+fn relay(
+    parts: hyper::http::response::Parts,
+    body: RelayedBody,
+    request_id: &str,
+    decision: Option<HeaderValue>,
+) -> Response<ServeBody> {
+    let mut response = Response::new(ServeBody::Relayed(body));
+    *response.status_mut() = parts.status;
+    let headers = response.headers_mut();
+    for (name, value) in parts.headers.iter() {
+        if !hop_by_hop(name) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    if let Ok(value) = HeaderValue::from_str(request_id) {
+        headers.insert(REQUEST_ID, value);
+    }
+    if let Some(value) = decision {
+        headers.insert(DECISION_HEADER, value);
+    }
+    response
+}
+
+/// `endpoint=<pick>; top=<id>:<total>,...` from a decision record.
+fn decision_header(record: &ReplayOutput) -> Option<HeaderValue> {
+    let pick = record.endpoints.first()?;
+    let mut value = format!("endpoint={pick}");
+    if let Some(decision) = &record.decision {
+        let mut totals: Vec<_> = decision.totals.iter().collect();
+        totals.sort_by(|a, b| b.score.total_cmp(&a.score));
+        let top: Vec<String> = totals
+            .iter()
+            .take(TOP_SCORES)
+            .map(|t| format!("{}:{:.3}", t.endpoint, t.score))
+            .collect();
+        if !top.is_empty() {
+            value.push_str("; top=");
+            value.push_str(&top.join(","));
+        }
+    }
+    HeaderValue::from_str(&value).ok()
+}

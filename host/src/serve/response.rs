@@ -1,0 +1,201 @@
+//! The bodies `serve` answers with, and its errors in the OpenAI shape
+//! `{"error": {"message", "type", "code"}}`, each with its HTTP status.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use hyper::{Response, StatusCode};
+
+use super::metrics::RequestOutcome;
+use super::upstream::RelayedBody;
+use crate::pipeline::Rejection;
+
+/// Header naming why a request was dropped, with the reference's values.
+pub const DROPPED_REASON: &str = "x-llm-d-request-dropped-reason";
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A response body: bytes made here, or a replica's body relayed as it arrives.
+pub enum ServeBody {
+    Full(Full<Bytes>),
+    Relayed(RelayedBody),
+}
+
+impl ServeBody {
+    pub fn bytes(bytes: impl Into<Bytes>) -> ServeBody {
+        ServeBody::Full(Full::new(bytes.into()))
+    }
+}
+
+impl Body for ServeBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            ServeBody::Full(full) => Pin::new(full)
+                .poll_frame(cx)
+                .map_err(|never| match never {}),
+            ServeBody::Relayed(relayed) => Pin::new(relayed).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ServeBody::Full(full) => full.is_end_stream(),
+            ServeBody::Relayed(relayed) => relayed.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ServeBody::Full(full) => full.size_hint(),
+            ServeBody::Relayed(relayed) => relayed.size_hint(),
+        }
+    }
+}
+
+/// A request `serve` answers itself, with an error.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// OpenAI's error `type`.
+    pub kind: &'static str,
+    /// A stable machine-readable `code`.
+    pub code: &'static str,
+    pub message: String,
+    pub outcome: RequestOutcome,
+    /// `x-llm-d-request-dropped-reason`, for rejections.
+    pub dropped_reason: Option<&'static str>,
+    pub retry_after_seconds: Option<u32>,
+}
+
+impl ApiError {
+    pub fn new(
+        status: StatusCode,
+        code: &'static str,
+        outcome: RequestOutcome,
+        message: impl Into<String>,
+    ) -> ApiError {
+        let kind = if status.is_client_error() {
+            "invalid_request_error"
+        } else {
+            "server_error"
+        };
+        ApiError {
+            status,
+            kind,
+            code,
+            message: message.into(),
+            outcome,
+            dropped_reason: None,
+            retry_after_seconds: None,
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            RequestOutcome::BadRequest,
+            message,
+        )
+    }
+
+    pub fn not_found(path: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_route",
+            RequestOutcome::BadRequest,
+            format!(
+                "no route {path}; serve answers POST /v1/completions, /v1/chat/completions, \
+                 /inference/v1/generate and GET /v1/models"
+            ),
+        )
+    }
+
+    /// The response for a scheduler's rejection.
+    pub fn rejected(rejection: &Rejection) -> ApiError {
+        let message = rejection.to_string();
+        match rejection {
+            Rejection::NoEndpoints => ApiError {
+                dropped_reason: Some("rejected-no-endpoints"),
+                ..ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "no_endpoints",
+                    RequestOutcome::NoEndpoints,
+                    message,
+                )
+            },
+            Rejection::FilteredOut { .. } => ApiError {
+                dropped_reason: Some("rejected-saturated"),
+                ..ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "filtered_out",
+                    RequestOutcome::FilteredOut,
+                    message,
+                )
+            },
+            Rejection::Saturated { .. } => ApiError {
+                dropped_reason: Some("rejected-saturated"),
+                retry_after_seconds: Some(1),
+                ..ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "saturated",
+                    RequestOutcome::Saturated,
+                    message,
+                )
+            },
+            Rejection::PickerFailed { .. } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "picker_failed",
+                RequestOutcome::PickerFailed,
+                message,
+            ),
+        }
+    }
+
+    pub fn into_response(self) -> Response<ServeBody> {
+        let body = serde_json::json!({
+            "error": {"message": self.message, "type": self.kind, "code": self.code}
+        });
+        let mut response = Response::new(ServeBody::bytes(body.to_string()));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(reason) = self.dropped_reason {
+            headers.insert(DROPPED_REASON, HeaderValue::from_static(reason));
+        }
+        if let Some(seconds) = self.retry_after_seconds {
+            headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}
+
+/// A JSON response made here.
+pub fn json(status: StatusCode, value: &serde_json::Value) -> Response<ServeBody> {
+    let mut response = Response::new(ServeBody::bytes(value.to_string()));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// A plain-text response made here.
+pub fn text(status: StatusCode, body: String, content_type: &'static str) -> Response<ServeBody> {
+    let mut response = Response::new(ServeBody::bytes(body));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
