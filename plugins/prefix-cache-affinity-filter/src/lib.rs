@@ -135,13 +135,49 @@ struct AffinityFilter {
     gate_input: Option<GateInput>,
 }
 
+/// The values of one consumed key, its row resolved once per call rather than per endpoint.
+/// Reads exactly what [`AttrView::get`] reads.
+#[derive(Clone, Copy)]
+struct Column<'a> {
+    values: &'a [AttrValue],
+    /// Start of the key's row in `values`; `None` when nothing produces the key.
+    base: Option<usize>,
+}
+
+impl<'a> Column<'a> {
+    fn resolve(attrs: &AttrView<'a>, consumed: usize) -> Self {
+        let base = attrs
+            .rows
+            .as_slice()
+            .get(consumed)
+            .filter(|&&row| row != u32::MAX)
+            .map(|&row| row as usize * attrs.stride as usize);
+        Column {
+            values: attrs.values.as_slice(),
+            base,
+        }
+    }
+
+    #[inline]
+    fn get(&self, endpoint: &EndpointView<'_>) -> Option<&'a AttrValue> {
+        let index = self.base? + endpoint.slot as usize;
+        self.values.get(index).filter(|value| !value.is_absent())
+    }
+}
+
 impl AffinityFilter {
-    fn facts(&self, attrs: &AttrView<'_>, endpoint: &EndpointView<'_>) -> EndpointFacts {
-        let prefix = attrs
-            .get(PREFIX_MATCH, endpoint)
+    #[inline]
+    fn facts(
+        &self,
+        prefix: Column<'_>,
+        load: Column<'_>,
+        endpoint: &EndpointView<'_>,
+    ) -> EndpointFacts {
+        let prefix = prefix
+            .get(endpoint)
             .and_then(AttrValue::prefix_cache_match)
             .map(MatchInfo::from);
-        let load = || attrs.get(GATE_LOAD, endpoint);
+        let load = || load.get(endpoint);
         match self.gate_input {
             Some(GateInput::InFlightLoad) => EndpointFacts {
                 prefix,
@@ -193,10 +229,12 @@ impl Filter for AffinityFilter {
         } else {
             1.0
         };
+        let prefix = Column::resolve(attrs, PREFIX_MATCH);
+        let load = Column::resolve(attrs, GATE_LOAD);
         let outcome = filter_with(
             &self.config,
             endpoints.len(),
-            |i| self.facts(attrs, &endpoints[i]),
+            |i| self.facts(prefix, load, &endpoints[i]),
             draw,
             out.keep,
         );

@@ -93,9 +93,16 @@ impl Scorer for PrefixCacheScorer {
         attrs: &AttrView<'_>,
         out: ScoreOutput<'_>,
     ) -> Result<(), PluginError> {
+        // The key's row, resolved once; per endpoint this reads what `attrs.get` reads.
+        let values = attrs.values.as_slice();
+        let base = attrs
+            .rows
+            .as_slice()
+            .get(PREFIX_MATCH)
+            .filter(|&&row| row != u32::MAX)
+            .map(|&row| row as usize * attrs.stride as usize);
         let infos = endpoints.iter().map(|endpoint| {
-            attrs
-                .get(PREFIX_MATCH, endpoint)
+            base.and_then(|base| values.get(base + endpoint.slot as usize))
                 .and_then(AttrValue::prefix_cache_match)
                 .map(MatchInfo::from)
         });
