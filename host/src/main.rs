@@ -98,10 +98,10 @@ enum Command {
     /// An OpenAI-compatible stand-in model server for tests and demos, built on the
     /// simulator's replica model run on the real clock.
     MockReplica {
-        /// Port to listen on (127.0.0.1).
+        /// Port to listen on (127.0.0.1; 0 picks a free one and logs it).
         #[arg(long)]
         port: u16,
-        /// The replica's name, reported in responses and metrics.
+        /// The replica's name, sent in the `x-mock-replica` header of every response.
         #[arg(long, default_value = "mock-replica")]
         name: String,
         /// The model it serves.

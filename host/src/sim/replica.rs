@@ -10,12 +10,35 @@
 //! full blocks enter the cache. It then decodes its remaining `output_tokens - 1` tokens at
 //! `decodeTokensPerSecond`, independently of other sequences, and frees its slot. Generated
 //! tokens are not cached.
+//!
+//! The model has no clock of its own: every call names its `now` in milliseconds and returns
+//! the times at which the caller must call back, so the simulator's event loop and the
+//! `mock-replica` server on the real clock drive the same code.
 
 use super::config::FleetConfig;
 use super::kv_cache::BlockCache;
 use super::router::ReplicaState;
 use std::collections::VecDeque;
 use std::ops::Range;
+
+/// Where a replica reads a job's full-block hash chain: the simulator keeps every request's
+/// chain in one vector (`Job::blocks` indexes it); a long-running owner can keep one chain per
+/// live job instead.
+pub trait BlockStore {
+    fn chain(&self, job: &Job) -> &[u64];
+}
+
+impl BlockStore for [u64] {
+    fn chain(&self, job: &Job) -> &[u64] {
+        &self[job.blocks.clone()]
+    }
+}
+
+impl BlockStore for Vec<u64> {
+    fn chain(&self, job: &Job) -> &[u64] {
+        self.as_slice().chain(job)
+    }
+}
 
 /// A request as a replica sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,7 +47,8 @@ pub struct Job {
     pub request: usize,
     pub prompt_tokens: u32,
     pub output_tokens: u32,
-    /// The request's full-block hash chain, as a range of the engine's hash store.
+    /// The request's full-block hash chain, as a range of the engine's hash store (a
+    /// [`BlockStore`] other than a slice may ignore it).
     pub blocks: Range<usize>,
 }
 
@@ -64,6 +88,8 @@ pub struct Replica {
     footprint_blocks: u64,
     in_flight_tokens: u64,
     stats: ReplicaStats,
+    /// Whether `stats.load_points` grows; off for a replica that runs indefinitely.
+    load_history: bool,
 }
 
 /// What a replica did over a run.
@@ -96,7 +122,20 @@ impl Replica {
             footprint_blocks: 0,
             in_flight_tokens: 0,
             stats: ReplicaStats::default(),
+            load_history: true,
         }
+    }
+
+    /// The same replica without `load_points` (`peak_load` is still kept), so its memory stays
+    /// bounded however long it runs.
+    pub fn without_load_history(mut self) -> Self {
+        self.load_history = false;
+        self
+    }
+
+    /// The request whose prefill is running, if any.
+    pub fn prefilling(&self) -> Option<usize> {
+        self.prefilling.as_ref().map(|job| job.request)
     }
 
     /// The router's view of this replica.
@@ -119,7 +158,12 @@ impl Replica {
 
     /// Takes a request routed here at `now`. Returns the prefill it starts, if the replica was
     /// idle enough to start one at once.
-    pub fn dispatch(&mut self, now: f64, job: Job, store: &[u64]) -> Option<PrefillStart> {
+    pub fn dispatch<S: BlockStore + ?Sized>(
+        &mut self,
+        now: f64,
+        job: Job,
+        store: &S,
+    ) -> Option<PrefillStart> {
         self.stats.served += 1;
         self.in_flight_tokens += u64::from(job.prompt_tokens);
         if self.running < self.max_running {
@@ -133,15 +177,15 @@ impl Replica {
 
     /// Ends the current prefill at `now` (the engine calls this at the `done_at` it was given).
     /// Returns the ended prefill, if one was running, and the next prefill it starts.
-    pub fn finish_prefill(
+    pub fn finish_prefill<S: BlockStore + ?Sized>(
         &mut self,
         now: f64,
-        store: &[u64],
+        store: &S,
     ) -> (Option<PrefillEnd>, Option<PrefillStart>) {
         let Some(job) = self.prefilling.take() else {
             return (None, None);
         };
-        self.cache.insert_chain(&store[job.blocks.clone()]);
+        self.cache.insert_chain(store.chain(&job));
         let decode_ms = f64::from(job.output_tokens.saturating_sub(1)) * self.decode_ms_per_token;
         let end = PrefillEnd {
             request: job.request,
@@ -152,12 +196,13 @@ impl Replica {
 
     /// The request in `job` produced its last token at `now`: frees its slot and admits the
     /// next waiting request. Returns the prefill that starts as a result, if any.
-    pub fn complete(&mut self, now: f64, job: &Job, store: &[u64]) -> Option<PrefillStart> {
-        self.running = self.running.saturating_sub(1);
-        self.footprint_blocks = self.footprint_blocks.saturating_sub(self.footprint_of(job));
-        self.in_flight_tokens = self
-            .in_flight_tokens
-            .saturating_sub(u64::from(job.prompt_tokens));
+    pub fn complete<S: BlockStore + ?Sized>(
+        &mut self,
+        now: f64,
+        job: &Job,
+        store: &S,
+    ) -> Option<PrefillStart> {
+        self.release_slot(job);
         if self.running < self.max_running {
             if let Some(next) = self.waiting.pop_front() {
                 self.admit(next);
@@ -165,6 +210,44 @@ impl Replica {
         }
         self.record_load(now);
         self.start_prefill(now, store)
+    }
+
+    /// Withdraws `job` at `now` wherever it is: a waiting request leaves the queue; an admitted
+    /// one gives its slot back, its prefill abandoned if queued or running (nothing enters the
+    /// cache) and its decode cut short otherwise. Returns the prefill that starts as a result.
+    /// The simulator never cancels; a live owner does when a client goes away.
+    pub fn cancel<S: BlockStore + ?Sized>(
+        &mut self,
+        now: f64,
+        job: &Job,
+        store: &S,
+    ) -> Option<PrefillStart> {
+        if let Some(at) = self.waiting.iter().position(|j| j.request == job.request) {
+            self.waiting.remove(at);
+            self.in_flight_tokens = self
+                .in_flight_tokens
+                .saturating_sub(u64::from(job.prompt_tokens));
+            self.record_load(now);
+            return None;
+        }
+        if let Some(at) = self
+            .prefill_queue
+            .iter()
+            .position(|j| j.request == job.request)
+        {
+            self.prefill_queue.remove(at);
+        } else if self.prefilling.as_ref().map(|j| j.request) == Some(job.request) {
+            self.prefilling = None;
+        }
+        self.complete(now, job, store)
+    }
+
+    fn release_slot(&mut self, job: &Job) {
+        self.running = self.running.saturating_sub(1);
+        self.footprint_blocks = self.footprint_blocks.saturating_sub(self.footprint_of(job));
+        self.in_flight_tokens = self
+            .in_flight_tokens
+            .saturating_sub(u64::from(job.prompt_tokens));
     }
 
     fn admit(&mut self, job: Job) {
@@ -177,12 +260,16 @@ impl Replica {
         (u64::from(job.prompt_tokens) + u64::from(job.output_tokens)).div_ceil(self.block_size)
     }
 
-    fn start_prefill(&mut self, now: f64, store: &[u64]) -> Option<PrefillStart> {
+    fn start_prefill<S: BlockStore + ?Sized>(
+        &mut self,
+        now: f64,
+        store: &S,
+    ) -> Option<PrefillStart> {
         if self.prefilling.is_some() {
             return None;
         }
         let job = self.prefill_queue.pop_front()?;
-        let chain = &store[job.blocks.clone()];
+        let chain = store.chain(&job);
         let matched = self.cache.matched_prefix(chain);
         for &h in &chain[..matched] {
             self.cache.touch(h);
@@ -204,6 +291,9 @@ impl Replica {
     fn record_load(&mut self, now: f64) {
         let load = self.load();
         self.stats.peak_load = self.stats.peak_load.max(load);
+        if !self.load_history {
+            return;
+        }
         match self.stats.load_points.last_mut() {
             Some(last) if last.0 == now => last.1 = load,
             Some(last) if last.1 == load => {}

@@ -158,5 +158,57 @@ fn kv_usage_counts_admitted_blocks() {
 #[test]
 fn finishing_without_a_prefill_is_a_no_op() {
     let mut r = Replica::new(&fleet(1));
-    assert_eq!(r.finish_prefill(5.0, &[]), (None, None));
+    assert_eq!(r.finish_prefill(5.0, &Vec::new()), (None, None));
+}
+
+#[test]
+fn cancel_withdraws_a_request_wherever_it_is() {
+    let mut store = Vec::new();
+    let a = job(&mut store, 0, 1600, 6, &chain(1..101));
+    let b = job(&mut store, 1, 1600, 6, &chain(201..301));
+    let c = job(&mut store, 2, 1600, 6, &chain(301..401));
+    let d = job(&mut store, 3, 1600, 6, &chain(401..501));
+    let mut r = Replica::new(&fleet(2));
+    r.dispatch(0.0, a.clone(), &store);
+    r.dispatch(0.0, b.clone(), &store);
+    r.dispatch(0.0, c.clone(), &store);
+    r.dispatch(0.0, d.clone(), &store);
+    // a prefills, b is admitted behind it, c and d wait.
+    assert_eq!(r.cancel(10.0, &d, &store), None);
+    assert_eq!((r.state().running, r.state().waiting), (2, 1));
+
+    // Cancelling b (admitted, prefill queued) admits c; a's prefill keeps running.
+    assert_eq!(r.cancel(20.0, &b, &store), None);
+    assert_eq!((r.state().running, r.state().waiting), (2, 0));
+    assert_eq!(r.prefilling(), Some(0));
+
+    // Cancelling the running prefill starts c's at once and caches nothing of a.
+    let started = r.cancel(30.0, &a, &store).expect("c starts");
+    assert_eq!((started.request, started.done_at), (2, 130.0));
+    assert_eq!(r.prefilling(), Some(2));
+    assert_eq!(r.state().running, 1);
+
+    // Cancelling a decoding request frees its slot like a completion.
+    let (end, next) = r.finish_prefill(130.0, &store);
+    assert_eq!((end.map(|e| e.request), next), (Some(2), None));
+    assert_eq!(r.cancel(140.0, &c, &store), None);
+    let s = r.state();
+    assert_eq!((s.running, s.waiting, s.in_flight_tokens), (0, 0, 0));
+    assert_eq!(s.kv_usage, 0.0);
+
+    let again = job(&mut store, 4, 1600, 1, &chain(1..101));
+    let s = r.dispatch(150.0, again, &store).unwrap();
+    assert_eq!(s.cached_tokens, 0, "an abandoned prefill caches nothing");
+}
+
+#[test]
+fn without_load_history_keeps_the_peak_only() {
+    let mut store = Vec::new();
+    let a = job(&mut store, 0, 16, 1, &chain(1..2));
+    let mut r = Replica::new(&fleet(4)).without_load_history();
+    r.dispatch(0.0, a.clone(), &store);
+    r.finish_prefill(1.0, &store);
+    r.complete(1.0, &a, &store);
+    assert_eq!(r.stats().peak_load, 1);
+    assert!(r.stats().load_points.is_empty());
 }
