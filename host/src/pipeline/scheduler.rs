@@ -12,7 +12,8 @@
 //! candidate; a failing scorer scores zeros; a failing picker fails that one request. An
 //! instance that panics [`POISON_AFTER_PANICS`] times in a row is switched off.
 
-use std::collections::{BTreeMap, HashMap};
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -95,25 +96,63 @@ pub struct PluginStats {
     consecutive_panics: u32,
 }
 
-/// The endpoints a request was scheduled against, with their host indices.
+/// The endpoints a request was scheduled against, with their host indices and their views,
+/// built once per fleet or metrics change rather than per call.
 #[derive(Clone)]
 struct Snapshot {
     endpoints: Arc<[Endpoint]>,
     host_indices: Arc<[u32]>,
+    /// One view per endpoint, borrowing the strings of `endpoints`. Only ever handed out
+    /// borrowed from `self`, and always replaced together with `endpoints`.
+    views: Arc<[EndpointView<'static>]>,
 }
 
 impl Snapshot {
+    fn new(endpoints: Arc<[Endpoint]>, host_indices: Arc<[u32]>) -> Snapshot {
+        let views = endpoints
+            .iter()
+            .zip(host_indices.iter())
+            .enumerate()
+            .map(|(slot, (endpoint, &host_index))| {
+                // SAFETY: the view borrows the heap buffers of the endpoint's strings. They
+                // are owned by `endpoints`, which this snapshot (and every clone of it) keeps
+                // alive alongside `views`; they do not move when the `Arc` does, and nothing
+                // changes them while shared (`update_metrics` writes only metrics, into an
+                // unshared copy, and builds new views). The `'static` never escapes: views are
+                // read through `&self`, which shortens it again.
+                unsafe { extend_view(endpoint_view(endpoint, slot, host_index)) }
+            })
+            .collect();
+        Snapshot {
+            endpoints,
+            host_indices,
+            views,
+        }
+    }
+
     fn len(&self) -> usize {
         self.endpoints.len()
     }
 
     fn view(&self, slot: usize) -> EndpointView<'_> {
-        endpoint_view(&self.endpoints[slot], slot, self.host_indices[slot])
+        self.views[slot]
     }
 
-    fn views(&self) -> Vec<EndpointView<'_>> {
-        (0..self.len()).map(|slot| self.view(slot)).collect()
+    fn views(&self) -> &[EndpointView<'_>] {
+        &self.views
     }
+}
+
+/// # Safety
+/// The strings `view` borrows must outlive every use of the result.
+unsafe fn extend_view(view: EndpointView<'_>) -> EndpointView<'static> {
+    std::mem::transmute::<EndpointView<'_>, EndpointView<'static>>(view)
+}
+
+/// # Safety
+/// The tokens `view` borrows must outlive every use of the result.
+unsafe fn extend_prompt(view: PromptTokens<'_>) -> PromptTokens<'static> {
+    std::mem::transmute::<PromptTokens<'_>, PromptTokens<'static>>(view)
 }
 
 /// What the scheduler keeps of a request from admission until it completes.
@@ -122,19 +161,54 @@ struct Admitted {
     model: String,
     cache_salt: String,
     max_output_tokens: Option<u64>,
+    /// Owns the token buffers `prompt_views` borrows; never changed after admission.
+    #[allow(dead_code)]
     prompts: Vec<Vec<u32>>,
+    /// One view per prompt, built once on admission.
+    prompt_views: Vec<PromptTokens<'static>>,
     fleet: Snapshot,
     seed: u64,
 }
 
 impl Admitted {
-    fn prompt_views(&self) -> Vec<PromptTokens<'_>> {
-        self.prompts
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        id: String,
+        model: String,
+        cache_salt: String,
+        max_output_tokens: Option<u64>,
+        prompts: Vec<Vec<u32>>,
+        fleet: Snapshot,
+        seed: u64,
+    ) -> Admitted {
+        let prompt_views = prompts
             .iter()
-            .map(|p| PromptTokens {
-                tokens: RSlice::from_slice(p),
+            .map(|p| {
+                // SAFETY: the view borrows the heap buffer of one prompt of `prompts`, which
+                // the returned value owns, never changes, and drops only together with the
+                // views (moving the outer vector does not move the token buffers). The
+                // `'static` never escapes: views are read through `&self`.
+                unsafe {
+                    extend_prompt(PromptTokens {
+                        tokens: RSlice::from_slice(p),
+                    })
+                }
             })
-            .collect()
+            .collect();
+        Admitted {
+            id,
+            model,
+            cache_salt,
+            max_output_tokens,
+            prompts,
+            prompt_views,
+            fleet,
+            seed,
+        }
+    }
+
+    fn prompt_views(&self) -> &[PromptTokens<'_>] {
+        &self.prompt_views
     }
 
     fn view<'a>(
@@ -173,6 +247,7 @@ struct Window {
     members: Vec<Ticket>,
 }
 
+/// A dispatched request; its `request.id` is empty, the id being the key it is filed under.
 struct Dispatched {
     request: Admitted,
     endpoint: usize,
@@ -186,6 +261,19 @@ struct Scratch {
     scores: Vec<f64>,
     totals: Vec<f64>,
     picked: Vec<u32>,
+    /// Attribute stores of decided requests, emptied, for the next admissions.
+    stores: Vec<Vec<AttrValue>>,
+    /// Member lists of sealed windows, emptied, for the next windows.
+    members: Vec<Vec<Ticket>>,
+}
+
+/// Most emptied buffers of each kind kept in [`Scratch`].
+const SCRATCH_POOL: usize = 64;
+
+/// `n` absent values, written without cloning one.
+fn fill_absent(buffer: &mut Vec<AttrValue>, n: usize) {
+    buffer.clear();
+    buffer.extend(std::iter::repeat_with(|| AttrValue::Absent).take(n));
 }
 
 pub struct Scheduler {
@@ -193,8 +281,8 @@ pub struct Scheduler {
     fleet: Snapshot,
     rng: SmallRng,
     explain: bool,
-    /// Open window per position in `Pipeline::producers`.
-    windows: BTreeMap<usize, Window>,
+    /// Open window per position in `Pipeline::producers` (`None`: no open window).
+    windows: Vec<Option<Window>>,
     dispatched: HashMap<String, Dispatched>,
     stats: Vec<PluginStats>,
     scratch: Scratch,
@@ -204,15 +292,13 @@ impl Scheduler {
     pub fn new(pipeline: Arc<Pipeline>, fleet: Fleet, seed: u64) -> Scheduler {
         let stats = vec![PluginStats::default(); pipeline.plugins.len()];
         let host_indices = (0..fleet.endpoints.len() as u32).collect();
+        let windows = pipeline.producers.iter().map(|_| None).collect();
         Scheduler {
             pipeline,
-            fleet: Snapshot {
-                endpoints: fleet.endpoints,
-                host_indices,
-            },
+            fleet: Snapshot::new(fleet.endpoints, host_indices),
             rng: SmallRng::seed_from_u64(seed),
             explain: false,
-            windows: BTreeMap::new(),
+            windows,
             dispatched: HashMap::new(),
             stats,
             scratch: Scratch::default(),
@@ -255,10 +341,7 @@ impl Scheduler {
                 })
             })
             .collect();
-        self.fleet = Snapshot {
-            endpoints: fleet.endpoints,
-            host_indices: indices,
-        };
+        self.fleet = Snapshot::new(fleet.endpoints, indices);
     }
 
     /// Updates the load facts of the current fleet (same endpoints, same order). Requests
@@ -270,10 +353,16 @@ impl Scheduler {
         if Arc::get_mut(&mut self.fleet.endpoints).is_none() {
             self.fleet.endpoints = self.fleet.endpoints.iter().cloned().collect();
         }
+        // Drop this snapshot's views before writing: they borrow the endpoints' strings.
+        self.fleet.views = Arc::new([]);
         let endpoints = Arc::get_mut(&mut self.fleet.endpoints).expect("just made unique");
         for (endpoint, m) in endpoints.iter_mut().zip(metrics) {
             endpoint.metrics = m;
         }
+        self.fleet = Snapshot::new(
+            self.fleet.endpoints.clone(),
+            self.fleet.host_indices.clone(),
+        );
     }
 
     /// The endpoints new requests are scheduled against.
@@ -292,13 +381,14 @@ impl Scheduler {
 
     /// Requests waiting in a window.
     pub fn pending(&self) -> usize {
-        self.windows.values().map(|w| w.members.len()).sum()
+        self.windows.iter().flatten().map(|w| w.members.len()).sum()
     }
 
     /// When the earliest open window seals.
     pub fn next_deadline(&self) -> Option<f64> {
         self.windows
-            .values()
+            .iter()
+            .flatten()
             .map(|w| w.seal_ms)
             .min_by(|a, b| a.total_cmp(b))
     }
@@ -311,17 +401,19 @@ impl Scheduler {
             candidates: fleet.endpoints.iter().map(|e| e.id.clone()).collect(),
             ..DecisionRecord::default()
         });
+        let mut store = self.scratch.stores.pop().unwrap_or_default();
+        fill_absent(&mut store, self.pipeline.rows.len() * fleet.len());
         let ticket = Ticket {
-            store: vec![AttrValue::Absent; self.pipeline.rows.len() * fleet.len()],
-            request: Admitted {
-                prompts: tokenize(request.prompt),
-                id: request.id,
-                model: request.model,
-                cache_salt: request.cache_salt,
-                max_output_tokens: request.max_output_tokens,
+            store,
+            request: Admitted::new(
+                request.id,
+                request.model,
+                request.cache_salt,
+                request.max_output_tokens,
+                tokenize(request.prompt),
                 fleet,
-                seed: self.rng.next_u64(),
-            },
+                self.rng.next_u64(),
+            ),
             next_producer: 0,
             arrival_ms: now_ms,
             record,
@@ -334,23 +426,34 @@ impl Scheduler {
     /// Seals every window due by `now_ms` and carries its requests on.
     pub fn advance(&mut self, now_ms: f64) -> Vec<Decision> {
         let mut decisions = Vec::new();
-        while let Some((&position, _)) = self
+        while let Some((position, _)) = self
             .windows
             .iter()
+            .enumerate()
+            .filter_map(|(position, w)| Some((position, w.as_ref()?)))
             .filter(|(_, w)| w.seal_ms <= now_ms)
             .min_by(|a, b| a.1.seal_ms.total_cmp(&b.1.seal_ms))
         {
-            let mut window = self.windows.remove(&position).expect("window exists");
-            let info = WindowRecord {
-                producer: self.pipeline.plugins[self.pipeline.producers[position]].label(),
-                opened_ms: window.opened_ms,
-                sealed_ms: now_ms,
-                batch_size: window.members.len(),
-            };
-            self.run_producer(position, &mut window.members, now_ms, Some(&info));
-            for mut ticket in window.members {
+            let mut window = self.windows[position].take().expect("window exists");
+            // Only a request that keeps a record needs the window's.
+            let info = window
+                .members
+                .iter()
+                .any(|t| t.record.is_some())
+                .then(|| WindowRecord {
+                    producer: self.pipeline.plugins[self.pipeline.producers[position]].label(),
+                    opened_ms: window.opened_ms,
+                    sealed_ms: now_ms,
+                    batch_size: window.members.len(),
+                });
+            self.run_producer(position, &mut window.members, now_ms, info.as_ref());
+            let mut members = window.members;
+            for mut ticket in members.drain(..) {
                 ticket.next_producer = position + 1;
                 self.carry_on(ticket, now_ms, &mut decisions);
+            }
+            if self.scratch.members.len() < SCRATCH_POOL {
+                self.scratch.members.push(members);
             }
         }
         decisions
@@ -360,16 +463,24 @@ impl Scheduler {
     /// not counted in the batch); one already dispatched completes as cancelled. Returns
     /// whether the request was known.
     pub fn cancel(&mut self, request_id: &str, now_ms: f64) -> bool {
-        for window in self.windows.values_mut() {
-            if let Some(index) = window
+        let found = self.windows.iter().enumerate().find_map(|(position, w)| {
+            let index = w
+                .as_ref()?
                 .members
                 .iter()
-                .position(|t| t.request.id == request_id)
-            {
+                .position(|t| t.request.id == request_id)?;
+            Some((position, index))
+        });
+        if let Some((position, index)) = found {
+            if let Some(window) = &mut self.windows[position] {
                 window.members.remove(index);
-                self.windows.retain(|_, w| !w.members.is_empty());
-                return true;
             }
+            for slot in self.windows.iter_mut() {
+                if slot.as_ref().is_some_and(|w| w.members.is_empty()) {
+                    *slot = None;
+                }
+            }
+            return true;
         }
         self.complete(request_id, Outcome::Cancelled, now_ms)
     }
@@ -377,11 +488,14 @@ impl Scheduler {
     /// A dispatched request finished, failed or was cancelled; producers release what they
     /// charged. Returns false for unknown or already completed requests, which change nothing.
     pub fn complete(&mut self, request_id: &str, outcome: Outcome, now_ms: f64) -> bool {
-        let Some(done) = self.dispatched.remove(request_id) else {
+        let Some((id, mut done)) = self.dispatched.remove_entry(request_id) else {
             return false;
         };
-        let prompts = done.request.prompt_views();
-        let request = done.request.view(&prompts, now_ms, false);
+        // The id lives in the map's key while the request is dispatched.
+        done.request.id = id;
+        let request = done
+            .request
+            .view(done.request.prompt_views(), now_ms, false);
         let endpoint = done.request.fleet.view(done.endpoint);
         for &plugin in &self.pipeline.clone().producers {
             if self.skips(plugin) {
@@ -425,10 +539,11 @@ impl Scheduler {
                 self.run_producer(position, std::slice::from_mut(&mut ticket), now_ms, None);
                 continue;
             };
-            let window = self.windows.entry(position).or_insert_with(|| Window {
+            let pooled = &mut self.scratch.members;
+            let window = self.windows[position].get_or_insert_with(|| Window {
                 opened_ms: now_ms,
                 seal_ms: now_ms + policy.window_ms as f64,
-                members: Vec::new(),
+                members: pooled.pop().unwrap_or_default(),
             });
             if policy.max_batch < 0 || (window.members.len() as i64) < policy.max_batch {
                 ticket.next_producer = position;
@@ -469,29 +584,23 @@ impl Scheduler {
 
         let started = Instant::now();
         let result = {
-            let prompt_views: Vec<Vec<PromptTokens<'_>>> =
-                tickets.iter().map(|t| t.request.prompt_views()).collect();
-            let endpoint_views: Vec<Vec<EndpointView<'_>>> =
-                tickets.iter().map(|t| t.request.fleet.views()).collect();
             let mut offset = 0u32;
-            let items: Vec<ProduceItem<'_>> = tickets
-                .iter()
-                .zip(prompt_views.iter().zip(&endpoint_views))
-                .map(|(t, (prompts, endpoints))| {
-                    let item = ProduceItem {
-                        request: t.request.view(prompts, now_ms, explain),
-                        endpoints: RSlice::from_slice(endpoints),
-                        attrs: attr_view(&t.store, t.request.fleet.len(), &plugin.consumed_rows),
-                        out_offset: offset,
-                    };
-                    offset += (produced * t.request.fleet.len()) as u32;
-                    item
-                })
-                .collect();
+            let consumed = plugin.consumed_rows.as_slice();
+            let item =
+                |t, offset: &mut u32| produce_item(t, consumed, produced, now_ms, explain, offset);
+            // One request (every plain producer's call): no list to build.
+            let single;
+            let many: Vec<ProduceItem<'_>>;
+            let items: &[ProduceItem<'_>] = if let [ticket] = &*tickets {
+                single = item(ticket, &mut offset);
+                std::slice::from_ref(&single)
+            } else {
+                many = tickets.iter().map(|t| item(t, &mut offset)).collect();
+                &many
+            };
             let out = &mut self.scratch.produced;
-            out.clear();
-            out.resize(offset as usize, AttrValue::Absent);
-            plugin.object.produce(&items, out)
+            fill_absent(out, offset as usize);
+            plugin.object.produce(items, out)
         };
         let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
         let result = match result {
@@ -516,11 +625,11 @@ impl Scheduler {
             let n = ticket.request.fleet.len();
             if error.is_none() {
                 for (k, &row) in plugin.produced_rows.iter().enumerate() {
+                    // The target row is still absent (each row has one producer, which runs
+                    // once per request), so swapping moves the outputs in one step.
                     let source = &mut self.scratch.produced[offset + k * n..][..n];
                     let target = &mut ticket.store[row as usize * n..][..n];
-                    for (to, from) in target.iter_mut().zip(source.iter_mut()) {
-                        *to = std::mem::take(from);
-                    }
+                    target.swap_with_slice(source);
                 }
             }
             offset += produced * n;
@@ -586,15 +695,15 @@ impl Scheduler {
     /// Filters, scorers and picker over a ticket whose producers have all run.
     fn decide(&mut self, ticket: Ticket, now_ms: f64) -> Decision {
         let Ticket {
-            request: admitted,
-            store,
+            request: mut admitted,
+            mut store,
             arrival_ms,
             mut record,
             ..
         } = ticket;
-        let prompts = admitted.prompt_views();
-        let request = admitted.view(&prompts, now_ms, self.explain);
-        let mut candidates = admitted.fleet.views();
+        let request = admitted.view(admitted.prompt_views(), now_ms, self.explain);
+        // Copied only if a filter removes a candidate.
+        let mut candidates = Cow::Borrowed(admitted.fleet.views());
         let stride = admitted.fleet.len();
         let outcome = self
             .filter(&request, &mut candidates, &store, stride, &mut record)
@@ -602,6 +711,10 @@ impl Scheduler {
                 self.score(&request, &candidates, &store, stride, &mut record);
                 self.pick(&request, &candidates)
             });
+        if self.scratch.stores.len() < SCRATCH_POOL {
+            store.clear();
+            self.scratch.stores.push(store);
+        }
         let chosen = match outcome {
             Ok(chosen) => chosen,
             Err(reason) => {
@@ -635,10 +748,9 @@ impl Scheduler {
             self.account(producer, &result);
         }
         drop(candidates);
-        drop(prompts);
         let request_id = admitted.id.clone();
         self.dispatched.insert(
-            request_id.clone(),
+            std::mem::take(&mut admitted.id),
             Dispatched {
                 endpoint: chosen[0],
                 request: admitted,
@@ -658,7 +770,7 @@ impl Scheduler {
     fn filter(
         &mut self,
         request: &RequestView<'_>,
-        candidates: &mut Vec<EndpointView<'_>>,
+        candidates: &mut Cow<'_, [EndpointView<'_>]>,
         store: &[AttrValue],
         stride: usize,
         record: &mut Option<DecisionRecord>,
@@ -683,9 +795,11 @@ impl Scheduler {
                 .object
                 .filter(request, candidates, &attrs, &mut keep, &mut note);
             self.account(filter, &result);
-            if result.is_ok() {
+            if result.is_ok() && keep.contains(&false) {
                 let mut kept = keep.iter();
-                candidates.retain(|_| kept.next().copied().unwrap_or(true));
+                candidates
+                    .to_mut()
+                    .retain(|_| kept.next().copied().unwrap_or(true));
             }
             if let Some(record) = record {
                 record.filters.push(FilterRecord {
@@ -806,6 +920,27 @@ impl Scheduler {
             reason,
         })
     }
+}
+
+/// The item of one ticket in a produce call whose outputs so far end at `offset`; advances
+/// `offset` past this item's outputs.
+fn produce_item<'a>(
+    ticket: &'a Ticket,
+    consumed_rows: &'a [u32],
+    produced: usize,
+    now_ms: f64,
+    explain: bool,
+    offset: &mut u32,
+) -> ProduceItem<'a> {
+    let request = &ticket.request;
+    let item = ProduceItem {
+        request: request.view(request.prompt_views(), now_ms, explain),
+        endpoints: RSlice::from_slice(request.fleet.views()),
+        attrs: attr_view(&ticket.store, request.fleet.len(), consumed_rows),
+        out_offset: *offset,
+    };
+    *offset += (produced * request.fleet.len()) as u32;
+    item
 }
 
 fn attr_view<'a>(store: &'a [AttrValue], stride: usize, rows: &'a [u32]) -> AttrView<'a> {
