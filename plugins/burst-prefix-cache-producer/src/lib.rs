@@ -14,7 +14,7 @@ use switchyard_plugin_api::sdk::{Declare, Instance, Param, PluginFactory, Produc
 use switchyard_plugin_api::{
     AttrValue, BatchPolicy, PluginError, PluginKind, PrefixCacheMatchInfo, ProduceItem, Stability,
 };
-use switchyard_prefix_hashing::{hash_prompt_into, prompt_seed};
+use switchyard_prefix_hashing::{block_count, hash_prompt_into, prompt_seed};
 
 use assign::{assign, Replica};
 use config::BurstConfig;
@@ -125,13 +125,47 @@ impl Producer for BurstProducer {
         let block_size = self.config.block_size();
         let max_blocks = self.config.max_blocks();
 
-        // Every item's prompts, flattened, one after the other in one buffer.
+        // Every item's block count, known without hashing.
+        let counts: Vec<usize> = items
+            .iter()
+            .map(|item| {
+                item.request
+                    .prompts
+                    .iter()
+                    .map(|p| block_count(p.tokens.len(), block_size, max_blocks))
+                    .sum()
+            })
+            .collect();
+        // With `minColocateBlocks = 0` only identical hash lists are placed together, and
+        // lists of different lengths never are: a request whose block count no other request
+        // of the batch shares gets no affinity whatever its hashes, and takes no part in
+        // placing the others (`assign` leaves lone requests out). Such requests are not
+        // hashed; their entry stays empty, which `assign` also answers with no affinity.
+        let needs_hashing: Vec<bool> = if self.config.colocate_blocks() > 0 {
+            counts.iter().map(|&count| count > 0).collect()
+        } else if items.len() == 1 {
+            vec![false]
+        } else {
+            let mut sorted = counts.clone();
+            sorted.sort_unstable();
+            counts
+                .iter()
+                .map(|&count| {
+                    let first = sorted.partition_point(|&c| c < count);
+                    count > 0 && sorted.get(first + 1) == Some(&count)
+                })
+                .collect()
+        };
+
+        // The hashed items' prompts, flattened, one after the other in one buffer.
         let mut hashes = Vec::new();
         let mut ends = Vec::with_capacity(items.len());
-        for item in items {
-            let seed = prompt_seed(&item.request.model, &item.request.cache_salt);
-            for prompt in item.request.prompts.iter() {
-                hash_prompt_into(seed, &prompt.tokens, block_size, max_blocks, &mut hashes);
+        for (item, &hash) in items.iter().zip(&needs_hashing) {
+            if hash {
+                let seed = prompt_seed(&item.request.model, &item.request.cache_salt);
+                for prompt in item.request.prompts.iter() {
+                    hash_prompt_into(seed, &prompt.tokens, block_size, max_blocks, &mut hashes);
+                }
             }
             ends.push(hashes.len());
         }
@@ -147,27 +181,32 @@ impl Producer for BurstProducer {
         // The batch is spread over the candidates of its first request that has blocks.
         let spread_over = items
             .iter()
-            .zip(&entries)
-            .find(|(_, entry)| !entry.is_empty())
+            .zip(&counts)
+            .find(|(_, &count)| count > 0)
             .map_or(&[][..], |(item, _)| item.endpoints.as_slice());
-        let replicas: Vec<Replica<'_>> = spread_over
-            .iter()
-            .map(|endpoint| Replica {
-                id: endpoint.id.as_str(),
-                running_requests: u64::from(endpoint.metrics.running_requests),
-            })
-            .collect();
-        let assigned = assign(
-            &entries,
-            &replicas,
-            self.config.per_replica_cap(),
-            self.config.colocate_blocks(),
-            self.config.balance(),
-        );
+        let assigned = if needs_hashing.contains(&true) {
+            let replicas: Vec<Replica<'_>> = spread_over
+                .iter()
+                .map(|endpoint| Replica {
+                    id: endpoint.id.as_str(),
+                    running_requests: u64::from(endpoint.metrics.running_requests),
+                })
+                .collect();
+            assign(
+                &entries,
+                &replicas,
+                self.config.per_replica_cap(),
+                self.config.colocate_blocks(),
+                self.config.balance(),
+            )
+        } else {
+            // Nothing hashed: every entry is empty, and `assign` places no empty entry.
+            vec![None; items.len()]
+        };
 
         let block_size_tokens = block_size as u64;
-        for ((item, entry), target) in items.iter().zip(&entries).zip(&assigned) {
-            let total_blocks = entry.len() as u64;
+        for ((item, &count), target) in items.iter().zip(&counts).zip(&assigned) {
+            let total_blocks = count as u64;
             let target = target.map(|replica| spread_over[replica].host_index);
             for (position, endpoint) in item.endpoints.iter().enumerate() {
                 let match_blocks = if target == Some(endpoint.host_index) {

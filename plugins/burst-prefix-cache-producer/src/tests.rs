@@ -327,3 +327,113 @@ fn documented_parameters_are_the_config_fields_with_their_defaults() {
         );
     }
 }
+
+/// What `produce` wrote before requests with a block count of their own went unhashed: every
+/// request hashed, the whole batch through `assign`.
+fn produce_hashing_everything(parameters: &str, batch: &[Request]) -> Vec<Vec<AttrValue>> {
+    let config = BurstConfig::parse(parameters).expect("valid parameters");
+    let (block_size, max_blocks) = (config.block_size(), config.max_blocks());
+    let seed = prompt_seed("", "");
+    let hashes: Vec<Vec<u64>> = batch
+        .iter()
+        .map(|r| {
+            let mut hashes = Vec::new();
+            for tokens in &r.prompts {
+                hash_prompt_into(seed, tokens, block_size, max_blocks, &mut hashes);
+            }
+            hashes
+        })
+        .collect();
+    let entries: Vec<&[u64]> = hashes.iter().map(Vec::as_slice).collect();
+    let spread_over = batch
+        .iter()
+        .zip(&entries)
+        .find(|(_, e)| !e.is_empty())
+        .map(|(r, _)| endpoint_views(r))
+        .unwrap_or_default();
+    let replicas: Vec<Replica<'_>> = spread_over
+        .iter()
+        .map(|e| Replica {
+            id: e.id.as_str(),
+            running_requests: u64::from(e.metrics.running_requests),
+        })
+        .collect();
+    let targets = assign(
+        &entries,
+        &replicas,
+        config.per_replica_cap(),
+        config.colocate_blocks(),
+        config.balance(),
+    );
+    batch
+        .iter()
+        .zip(&entries)
+        .zip(&targets)
+        .map(|((r, entry), target)| {
+            let target = target.map(|t| spread_over[t].host_index);
+            let total = entry.len() as u64;
+            endpoint_views(r)
+                .iter()
+                .map(|e| {
+                    let matched = if target == Some(e.host_index) {
+                        total
+                    } else {
+                        0
+                    };
+                    pmi(matched, total, block_size as u64)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn requests_left_unhashed_get_what_hashing_them_gives() {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |bound: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % bound
+    };
+    let parameter_sets = [
+        r#"{"minColocateBlocks": 0}"#,
+        r#"{"minColocateBlocks": 0, "blockSizeTokens": 4, "balanceBy": "tokens"}"#,
+        r#"{"minColocateBlocks": 0, "blockSizeTokens": 4, "maxPrefixTokensToMatch": 8}"#,
+        r#"{"minColocateBlocks": 0, "blockSizeTokens": 2, "maxPerReplica": 1}"#,
+        r#"{"minColocateBlocks": 2, "blockSizeTokens": 4}"#,
+    ];
+    for parameters in parameter_sets {
+        let instance = instance(parameters);
+        for _ in 0..300 {
+            // A few prompt shapes, so equal lengths with different contents, identical
+            // prompts, shared prefixes and empty prompts all turn up.
+            let size = 1 + next(8) as usize;
+            let batch: Vec<Request> = (0..size)
+                .map(|_| {
+                    let prompts = (0..1 + next(2))
+                        .map(|_| {
+                            let len = next(12) as u32;
+                            let variant = next(3) as u32;
+                            (0..len)
+                                .map(|t| if t < 5 { t } else { t + variant })
+                                .collect()
+                        })
+                        .collect();
+                    let candidates: Vec<&'static str> = PODS[..2 + next(3) as usize].to_vec();
+                    let running = candidates.iter().map(|_| next(3) as u32).collect();
+                    Request {
+                        prompts,
+                        candidates,
+                        running,
+                    }
+                })
+                .collect();
+            assert_eq!(
+                produce(&instance, &batch),
+                produce_hashing_everything(parameters, &batch),
+                "parameters {parameters}"
+            );
+        }
+    }
+}

@@ -37,10 +37,10 @@ pub fn hash_prompt_into(
     max_blocks: usize,
     out: &mut Vec<u64>,
 ) -> usize {
-    if block_size == 0 || max_blocks == 0 || tokens.is_empty() {
+    let count = block_count(tokens.len(), block_size, max_blocks);
+    if count == 0 {
         return 0;
     }
-    let count = tokens.len().div_ceil(block_size).min(max_blocks);
     out.reserve(count);
     let mut prev = seed;
     for block in tokens.chunks(block_size).take(count) {
@@ -48,6 +48,16 @@ pub fn hash_prompt_into(
         out.push(prev);
     }
     count
+}
+
+/// How many hashes [`hash_prompt_into`] appends for a prompt of `tokens` tokens, without
+/// hashing: one per started block of `block_size` tokens, at most `max_blocks`, and none when
+/// `block_size` or `max_blocks` is 0 or the prompt is empty.
+pub fn block_count(tokens: usize, block_size: usize, max_blocks: usize) -> usize {
+    if block_size == 0 || max_blocks == 0 || tokens == 0 {
+        return 0;
+    }
+    tokens.div_ceil(block_size).min(max_blocks)
 }
 
 /// Block hashes of every prompt of a request, one list per prompt in order. Prompts that yield

@@ -190,3 +190,18 @@ fn long_prompt_sanity() {
     assert_ne!(half[64], full[64]);
     assert_eq!(one("m", "", &tokens, 64, 100).len(), 100);
 }
+
+#[test]
+fn block_count_is_what_hashing_appends() {
+    let tokens = range(0, 300);
+    for len in [0, 1, 63, 64, 65, 128, 255, 300] {
+        for block in [0, 1, 7, 64, 512] {
+            for max_blocks in [0, 1, 3, 2048] {
+                let mut out = Vec::new();
+                let appended = hash_prompt_into(7, &tokens[..len], block, max_blocks, &mut out);
+                assert_eq!(block_count(len, block, max_blocks), appended);
+                assert_eq!(out.len(), appended);
+            }
+        }
+    }
+}
