@@ -34,8 +34,10 @@ impl From<PrefixCacheMatchInfo> for MatchInfo {
 
 impl MatchInfo {
     /// Matched fraction of the prompt; 0 for an empty prompt.
+    #[inline]
     pub fn fraction(&self) -> f64 {
-        if self.total_blocks == 0 {
+        // No match is 0 whatever the total (0 / total is 0), without dividing.
+        if self.total_blocks == 0 || self.match_blocks == 0 {
             0.0
         } else {
             self.match_blocks as f64 / self.total_blocks as f64
@@ -206,6 +208,31 @@ pub fn filter_with<F>(
 where
     F: Fn(usize) -> EndpointFacts,
 {
+    filter_with_prefix(
+        cfg,
+        count,
+        |i| facts(i).prefix,
+        &facts,
+        exploration_draw,
+        keep,
+    )
+}
+
+/// [`filter_with`] with a second reader, `prefix(i)`, that must return `facts(i).prefix`: the
+/// pass that finds the sticky endpoints reads only that, so a caller can spare reading the rest
+/// of every endpoint's facts.
+pub fn filter_with_prefix<P, F>(
+    cfg: &AffinityConfig,
+    count: usize,
+    prefix: P,
+    facts: F,
+    exploration_draw: f64,
+    keep: &mut [bool],
+) -> FilterOutcome
+where
+    P: Fn(usize) -> Option<MatchInfo>,
+    F: Fn(usize) -> EndpointFacts,
+{
     let n = count.min(keep.len());
     let keep = &mut keep[..n];
     keep.fill(true);
@@ -222,7 +249,7 @@ where
 
     let mut sticky = 0;
     for (i, k) in keep.iter_mut().enumerate() {
-        *k = facts(i).prefix.map_or(0.0, |p| p.fraction()) >= cfg.affinity_threshold;
+        *k = prefix(i).map_or(0.0, |p| p.fraction()) >= cfg.affinity_threshold;
         sticky += usize::from(*k);
     }
     if sticky == 0 {

@@ -20,7 +20,9 @@ use switchyard_plugin_api::{
 };
 
 use crate::config::{AffinityConfig, GateInput};
-use crate::filter::{exploration_draw, filter_with, EndpointFacts, FilterOutcome, MatchInfo};
+use crate::filter::{
+    exploration_draw, filter_with_prefix, EndpointFacts, FilterOutcome, MatchInfo,
+};
 
 pub const TYPE_NAME: &str = "prefix-cache-affinity-filter";
 
@@ -165,6 +167,15 @@ impl<'a> Column<'a> {
     }
 }
 
+/// The match info of `endpoint` in the prefix column.
+#[inline]
+fn prefix_info(prefix: Column<'_>, endpoint: &EndpointView<'_>) -> Option<MatchInfo> {
+    prefix
+        .get(endpoint)
+        .and_then(AttrValue::prefix_cache_match)
+        .map(MatchInfo::from)
+}
+
 impl AffinityFilter {
     #[inline]
     fn facts(
@@ -173,10 +184,7 @@ impl AffinityFilter {
         load: Column<'_>,
         endpoint: &EndpointView<'_>,
     ) -> EndpointFacts {
-        let prefix = prefix
-            .get(endpoint)
-            .and_then(AttrValue::prefix_cache_match)
-            .map(MatchInfo::from);
+        let prefix = prefix_info(prefix, endpoint);
         let load = || load.get(endpoint);
         match self.gate_input {
             Some(GateInput::InFlightLoad) => EndpointFacts {
@@ -231,9 +239,10 @@ impl Filter for AffinityFilter {
         };
         let prefix = Column::resolve(attrs, PREFIX_MATCH);
         let load = Column::resolve(attrs, GATE_LOAD);
-        let outcome = filter_with(
+        let outcome = filter_with_prefix(
             &self.config,
             endpoints.len(),
+            |i| prefix_info(prefix, &endpoints[i]),
             |i| self.facts(prefix, load, &endpoints[i]),
             draw,
             out.keep,

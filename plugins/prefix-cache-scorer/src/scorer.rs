@@ -31,12 +31,18 @@ impl From<PrefixCacheMatchInfo> for MatchInfo {
 /// `matchLengthWeight`. An absent attribute or an empty prompt (`total_blocks == 0`) scores 0.
 /// A match larger than the prompt counts as the whole prompt, so the result never exceeds 1;
 /// for a validated config it is never NaN.
+#[inline]
 pub fn score(cfg: &ScorerConfig, info: Option<MatchInfo>) -> f64 {
     let Some(info) = info else { return 0.0 };
     if info.total_blocks == 0 {
         return 0.0;
     }
-    let ratio = (info.match_blocks as f64 / info.total_blocks as f64).min(1.0);
+    // No match is 0 (0 / total is 0), without dividing.
+    let ratio = if info.match_blocks == 0 {
+        0.0
+    } else {
+        (info.match_blocks as f64 / info.total_blocks as f64).min(1.0)
+    };
     let w = cfg.match_length_weight;
     if w <= 0.0 {
         return ratio;
