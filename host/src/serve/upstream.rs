@@ -110,14 +110,22 @@ impl Body for RelayedBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
         if this.ending.is_none() {
-            return Poll::Ready(None);
+            return Pin::new(&mut this.inner)
+                .poll_frame(cx)
+                .map_err(|e| e.into());
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(None) => {
                 this.end(RequestOutcome::Completed);
                 Poll::Ready(None)
             }
-            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+            Poll::Ready(Some(Ok(frame))) => {
+                // With a known length the server may stop polling after the last byte.
+                if this.inner.is_end_stream() {
+                    this.end(RequestOutcome::Completed);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
             Poll::Ready(Some(Err(error))) => {
                 this.end(RequestOutcome::UpstreamError);
                 Poll::Ready(Some(Err(Box::new(error))))
@@ -136,7 +144,7 @@ impl Body for RelayedBody {
 
     fn is_end_stream(&self) -> bool {
         // Ended only once the end was seen, so the release happens in `poll_frame`.
-        self.ending.is_none()
+        self.ending.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
