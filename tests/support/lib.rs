@@ -1,6 +1,8 @@
 //! Shared helpers for the integration tests: building the real plugin libraries and the
 //! compatibility fixtures, and wiring pipelines from TOML text.
 
+pub mod live;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -1,0 +1,372 @@
+//! Helpers for tests of the live drivers: the `switchyard` binary run as real processes on
+//! 127.0.0.1 (mock replicas and the router), and a small HTTP client over real connections.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use tokio::net::TcpStream;
+
+use crate::{plugin_dir, target_dir, workspace_root};
+
+/// The debug `switchyard` binary, built once per test binary.
+pub fn binary() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", "-p", "switchyard"])
+            .current_dir(workspace_root())
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "switchyard builds");
+        target_dir().join("debug/switchyard")
+    })
+}
+
+/// A port nothing listens on right now.
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
+    listener.local_addr().expect("address").port()
+}
+
+/// A child process killed by its pid when dropped.
+pub struct Process {
+    pub child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Process {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the exit; returns the exit code.
+    pub fn terminate(&mut self, within: Duration) -> Option<i32> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status();
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits (bounded) until `GET path` on `addr` answers 200.
+pub async fn wait_healthy(process: &mut Process, path: &str, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = process.child.try_wait().expect("child status") {
+            panic!("{what} exited early: {status}");
+        }
+        if let Ok(r) = try_send(process.addr, "GET", path, &[], "").await {
+            if r.status() == 200 {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "{what} never became healthy");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Starts `switchyard mock-replica` with `extra` flags on a free port and waits for it.
+pub async fn start_replica(name: &str, extra: &[&str]) -> Process {
+    let port = free_port();
+    start_replica_on(name, port, extra).await
+}
+
+/// Starts `switchyard mock-replica` on `port`.
+pub async fn start_replica_on(name: &str, port: u16, extra: &[&str]) -> Process {
+    let child = Command::new(binary())
+        .args(["mock-replica", "--port", &port.to_string(), "--name", name])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("mock-replica starts");
+    let mut replica = Process {
+        child,
+        addr: SocketAddr::from(([127, 0, 0, 1], port)),
+    };
+    wait_healthy(&mut replica, "/health", "mock-replica").await;
+    replica
+}
+
+/// A running `switchyard serve`: the API, metrics and admin addresses.
+pub struct Router {
+    pub process: Process,
+    pub metrics: SocketAddr,
+    pub admin: SocketAddr,
+    pub dir: PathBuf,
+}
+
+impl Router {
+    pub fn api(&self) -> SocketAddr {
+        self.process.addr
+    }
+}
+
+/// A fresh directory for one test's files.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("switchyard-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// Writes `config` (a TOML pipeline without a `[serve]` table) to a file in `dir`, adds
+/// loopback listeners on free ports, starts `switchyard serve` with `extra` flags and waits
+/// until `/health` answers.
+pub async fn start_router(dir: &Path, config: &str, serve_table: &str, extra: &[&str]) -> Router {
+    let (api, metrics, admin) = (free_port(), free_port(), free_port());
+    let text = format!(
+        "{config}\n[serve]\nlisten = \"127.0.0.1:{api}\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\n\
+         admin_listen = \"127.0.0.1:{admin}\"\n{serve_table}\n"
+    );
+    let path = dir.join("serve.toml");
+    std::fs::write(&path, text).expect("config written");
+    let log = std::fs::File::create(dir.join("serve.log")).expect("log file");
+    let child = Command::new(binary())
+        .arg("serve")
+        .arg("--config")
+        .arg(&path)
+        .arg("--plugin-dir")
+        .arg(plugin_dir())
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("serve starts");
+    let mut process = Process {
+        child,
+        addr: SocketAddr::from(([127, 0, 0, 1], api)),
+    };
+    let metrics = SocketAddr::from(([127, 0, 0, 1], metrics));
+    // Health is answered by the metrics listener; watch the router process while waiting.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = process.child.try_wait().expect("child status") {
+            let log = std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
+            panic!("serve exited early: {status}\n{log}");
+        }
+        if let Ok(r) = try_send(metrics, "GET", "/health", &[], "").await {
+            if r.status() == 200 {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "serve never became healthy");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Router {
+        process,
+        metrics,
+        admin: SocketAddr::from(([127, 0, 0, 1], admin)),
+        dir: dir.to_path_buf(),
+    }
+}
+
+/// One request on a fresh connection.
+pub async fn try_send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Result<Response<Incoming>, String> {
+    try_send_bytes(addr, method, path, headers, Bytes::from(body.to_string())).await
+}
+
+/// One request with a raw body on a fresh connection.
+pub async fn try_send_bytes(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> Result<Response<Incoming>, String> {
+    let stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    let mut request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", addr.to_string())
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let request = request.body(Full::new(body)).map_err(|e| e.to_string())?;
+    sender
+        .send_request(request)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+pub async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Response<Incoming> {
+    try_send(addr, method, path, headers, body)
+        .await
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+pub async fn body_bytes(response: Response<Incoming>) -> Bytes {
+    response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes()
+}
+
+pub async fn json(response: Response<Incoming>) -> Value {
+    let bytes = body_bytes(response).await;
+    serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
+}
+
+/// The Prometheus page at `addr`.
+pub async fn metrics_page(addr: SocketAddr) -> String {
+    let bytes = body_bytes(send(addr, "GET", "/metrics", &[], "").await).await;
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// The sum of every series of `name` on a page (0 when absent). `name` may include a label
+/// filter such as `switchyard_in_flight{endpoint="/r0"}`.
+pub fn metric_sum(page: &str, name: &str) -> f64 {
+    let (family, filter) = match name.split_once('{') {
+        Some((family, rest)) => (family, Some(rest.trim_end_matches('}'))),
+        None => (name, None),
+    };
+    page.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            l.strip_prefix(family)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|l| filter.is_none_or(|f| l.contains(f)))
+        .filter_map(|l| l.rsplit(' ').next())
+        .filter_map(|v| v.parse::<f64>().ok())
+        .sum()
+}
+
+/// The value of a series that must be on the page.
+pub async fn metric(addr: SocketAddr, name: &str) -> f64 {
+    let page = metrics_page(addr).await;
+    let prefix = format!("{name}{{");
+    page.lines()
+        .find(|l| l.starts_with(&prefix) || l.starts_with(&format!("{name} ")))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing from\n{page}"))
+}
+
+/// The `data:` payloads of a stream, in order, and whether it ended cleanly.
+pub async fn read_events(response: Response<Incoming>) -> (Vec<String>, Result<(), String>) {
+    let mut body = response.into_body();
+    let mut text = String::new();
+    let mut end = Ok(());
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => {
+                if let Ok(data) = frame.into_data() {
+                    text.push_str(&String::from_utf8_lossy(&data));
+                }
+            }
+            Err(e) => {
+                end = Err(e.to_string());
+                break;
+            }
+        }
+    }
+    let events = text
+        .split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect();
+    (events, end)
+}
+
+/// Polls `check` every 20 ms until it holds or `within` passes; returns whether it held.
+pub async fn eventually<F, Fut>(within: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Replays a `replay` input file through the pipeline of `config` (seed 0, like `serve`'s
+/// default) and returns each request's first chosen endpoint by id.
+pub fn replay_file(config: &Path, input: &Path) -> std::collections::BTreeMap<String, String> {
+    use switchyard::config::LoadedConfig;
+    use switchyard::pipeline::{build, load_registry, Options, Scheduler};
+    use switchyard::replay;
+
+    let loaded = LoadedConfig::read(config).expect("config reads");
+    let options = Options {
+        allow_experimental_plugins: false,
+        plugin_dirs: vec![plugin_dir().to_path_buf()],
+    };
+    let registry = load_registry(&loaded, &options).expect("libraries load");
+    let pipeline = build(&loaded, &registry, &options).expect("pipeline wires");
+    let file = std::fs::File::open(input).expect("input opens");
+    let lines = replay::read_input(std::io::BufReader::new(file)).expect("input parses");
+    let fleet = replay::fleet_from_config(&loaded.config.endpoints);
+    let mut scheduler = Scheduler::new(std::sync::Arc::new(pipeline), fleet, 0);
+    let mut out = Vec::new();
+    replay::run(&mut scheduler, &lines, false, &mut out).expect("replay runs");
+    String::from_utf8(out)
+        .expect("utf-8")
+        .lines()
+        .map(|line| {
+            let decision: Value = serde_json::from_str(line).expect("JSON line");
+            (
+                decision["id"].as_str().unwrap_or_default().to_string(),
+                decision["endpoints"][0]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        })
+        .collect()
+}

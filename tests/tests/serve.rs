@@ -1,0 +1,517 @@
+//! `switchyard serve` in front of `switchyard mock-replica` processes on 127.0.0.1: routes,
+//! streaming, co-location of a burst, errors, decisions equal to `replay`'s for the same
+//! arrivals, and random bodies.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+use switchyard_tests::live::{
+    body_bytes, eventually, json, metric_sum, metrics_page, read_events, replay_file, send,
+    start_replica, start_router, temp_dir, try_send_bytes, Process, Router,
+};
+
+/// Replicas fast enough for tests, with 4-token blocks so short prompts fill blocks.
+const FAST: &[&str] = &[
+    "--model",
+    "test-model",
+    "--decode-tokens-per-second",
+    "2000",
+    "--block-size",
+    "4",
+];
+
+async fn replicas(n: usize, extra: &[&str]) -> Vec<Process> {
+    let mut flags = FAST.to_vec();
+    flags.extend_from_slice(extra);
+    let mut started = Vec::new();
+    for i in 0..n {
+        started.push(start_replica(&format!("r{i}"), &flags).await);
+    }
+    started
+}
+
+fn endpoints(replicas: &[Process]) -> String {
+    replicas
+        .iter()
+        .enumerate()
+        .map(|(i, r)| format!("[[endpoints]]\nname = \"r{i}\"\naddress = \"{}\"\n", r.addr))
+        .collect()
+}
+
+/// The default kind of pipeline: burst co-location, affinity filter, prefix and load scorers.
+fn burst_pipeline(window_ms: u64) -> String {
+    format!(
+        r#"
+allow_experimental_plugins = true
+libraries = ["burst_prefix_cache_producer", "prefix_cache_affinity_filter", "prefix_cache_scorer"]
+
+[fleet]
+scrape_interval_ms = 100
+
+[[plugins]]
+type = "burst-prefix-cache-producer"
+[plugins.parameters]
+windowDurationMs = {window_ms}
+blockSizeTokens = 4
+
+[[plugins]]
+name = "burst-affinity"
+type = "prefix-cache-affinity-filter"
+[plugins.parameters]
+prefixMatchInfoProducerName = "burst-prefix-cache-producer"
+penaltyMode = "matchedTokens"
+
+[[plugins]]
+type = "prefix-cache-scorer"
+[plugins.parameters]
+prefixMatchInfoProducerName = "burst-prefix-cache-producer"
+
+[[plugins]]
+type = "load-aware-scorer"
+
+[[profiles]]
+name = "default"
+filters = ["burst-affinity"]
+scorers = [
+    {{ plugin = "prefix-cache-scorer", weight = 2.0 }},
+    {{ plugin = "load-aware-scorer", weight = 1.0 }},
+]
+"#
+    )
+}
+
+fn completion(prompt: &str, max_tokens: u32, stream: bool) -> String {
+    serde_json::json!({"model": "test-model", "prompt": prompt, "max_tokens": max_tokens, "stream": stream})
+        .to_string()
+}
+
+/// Every in-flight counter of the router reads zero (bounded wait).
+async fn assert_released(router: &Router) {
+    let released = eventually(Duration::from_secs(10), || async {
+        metric_sum(
+            &metrics_page(router.metrics).await,
+            "switchyard_in_flight_total",
+        ) == 0.0
+    })
+    .await;
+    let page = metrics_page(router.metrics).await;
+    assert!(released, "in-flight never returned to zero:\n{page}");
+    assert_eq!(metric_sum(&page, "switchyard_in_flight"), 0.0, "{page}");
+}
+
+fn header<'a>(response: &'a hyper::Response<hyper::body::Incoming>, name: &str) -> &'a str {
+    response
+        .headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_forward_stream_and_answer_models() {
+    let replicas = replicas(3, &[]).await;
+    let dir = temp_dir("serve-routes");
+    let router = start_router(
+        &dir,
+        &format!("{}{}", burst_pipeline(20), endpoints(&replicas)),
+        "decision_header = true",
+        &[],
+    )
+    .await;
+
+    // Not streamed: the replica's body comes back whole, with our request id.
+    let response = send(
+        router.api(),
+        "POST",
+        "/v1/completions",
+        &[("x-request-id", "client-7")],
+        &completion("The quick brown fox jumps over the lazy dog", 6, false),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(header(&response, "x-request-id"), "client-7");
+    let replica = header(&response, "x-mock-replica").to_string();
+    let decision = header(&response, "x-switchyard-decision").to_string();
+    assert!(
+        decision.starts_with(&format!("endpoint=/{replica}; top=")),
+        "{decision} for {replica}"
+    );
+    let body = json(response).await;
+    assert_eq!(body["usage"]["completion_tokens"], 6, "{body}");
+
+    // Streamed chat: several chunks as they are produced, then [DONE].
+    let chat = serde_json::json!({
+        "model": "test-model", "stream": true, "max_tokens": 40,
+        "messages": [{"role": "user", "content": "Say something long"}]
+    });
+    let response = send(
+        router.api(),
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        &chat.to_string(),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    assert!(!header(&response, "x-request-id").is_empty());
+    let (events, end) = read_events(response).await;
+    assert!(end.is_ok(), "{end:?}");
+    assert!(events.len() > 3, "{events:?}");
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+
+    // Pre-tokenized generate.
+    let response = send(
+        router.api(),
+        "POST",
+        "/inference/v1/generate",
+        &[],
+        r#"{"token_ids": [1, 2, 3, 4, 5, 6, 7, 8], "sampling_params": {"max_tokens": 3}}"#,
+    )
+    .await;
+    assert_eq!(response.status(), 200, "{:?}", body_bytes(response).await);
+
+    // Models, answered from the fleet.
+    let models = json(send(router.api(), "GET", "/v1/models", &[], "").await).await;
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "test-model", "{models}");
+
+    // The admin API shows the decisions and the plugins.
+    let decisions = json(send(router.admin, "GET", "/decisions?limit=10", &[], "").await).await;
+    let ids: Vec<&str> = decisions
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|d| d["id"].as_str())
+        .collect();
+    assert!(ids.contains(&"client-7"), "{decisions}");
+    let plugins = json(send(router.admin, "GET", "/plugins", &[], "").await).await;
+    assert!(plugins
+        .as_array()
+        .expect("array")
+        .iter()
+        .any(|p| p["type"] == "burst-prefix-cache-producer" && p["calls"].as_u64() > Some(0)));
+    let state = json(send(router.admin, "GET", "/plugins/state", &[], "").await).await;
+    assert!(state.as_object().is_some_and(|s| !s.is_empty()), "{state}");
+    let config = body_bytes(send(router.admin, "GET", "/config", &[], "").await).await;
+    assert!(String::from_utf8_lossy(&config).contains("burst-prefix-cache-producer"));
+
+    assert_released(&router).await;
+    let page = metrics_page(router.metrics).await;
+    assert_eq!(
+        metric_sum(&page, "switchyard_requests_total{outcome=\"completed\""),
+        3.0,
+        "{page}"
+    );
+    assert!(metric_sum(&page, "switchyard_decision_duration_seconds_count") >= 3.0);
+    let ready = send(router.metrics, "GET", "/ready", &[], "").await;
+    assert_eq!(ready.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_is_colocated_and_each_prompt_prefilled_once() {
+    const PROMPTS: usize = 16;
+    const SAMPLES: usize = 8;
+    let replicas = replicas(3, &[]).await;
+    let dir = temp_dir("serve-burst");
+    // A window long enough that the whole burst lands in it.
+    let router = start_router(
+        &dir,
+        &format!("{}{}", burst_pipeline(400), endpoints(&replicas)),
+        "",
+        &[],
+    )
+    .await;
+    // Prompts of 64 tokens (256 bytes), distinct from their first block on.
+    let prompts: Vec<String> = (0..PROMPTS)
+        .map(|p| format!("{p:04}{}", "abcdefgh".repeat(32))[..256].to_string())
+        .collect();
+    let api = router.api();
+    let mut tasks = Vec::new();
+    for (p, prompt) in prompts.iter().enumerate() {
+        for _ in 0..SAMPLES {
+            let body = completion(prompt, 2, false);
+            tasks.push(tokio::spawn(async move {
+                let response = send(api, "POST", "/v1/completions", &[], &body).await;
+                assert_eq!(response.status(), 200);
+                let replica = header(&response, "x-mock-replica").to_string();
+                let cached = json(response).await["usage"]["prompt_tokens_details"]
+                    ["cached_tokens"]
+                    .as_u64()
+                    .unwrap_or(0);
+                (p, replica, cached)
+            }));
+        }
+    }
+    let mut placed: BTreeMap<usize, BTreeSet<String>> = BTreeMap::new();
+    let mut cold = 0;
+    for task in tasks {
+        let (p, replica, cached) = task.await.expect("request task");
+        placed.entry(p).or_default().insert(replica);
+        if cached == 0 {
+            cold += 1;
+        }
+    }
+    for (p, replicas) in &placed {
+        assert_eq!(replicas.len(), 1, "prompt {p} spread over {replicas:?}");
+    }
+    assert_eq!(cold, PROMPTS, "each prompt is prefilled exactly once");
+    // The replicas' own counters agree: computed tokens = one prefill per prompt.
+    let mut queries = 0.0;
+    let mut hits = 0.0;
+    for replica in &replicas {
+        let page = metrics_page(replica.addr).await;
+        queries += metric_sum(&page, "vllm:prefix_cache_queries_total");
+        hits += metric_sum(&page, "vllm:prefix_cache_hits_total");
+    }
+    assert_eq!(queries, (PROMPTS * SAMPLES * 64) as f64);
+    assert_eq!(queries - hits, (PROMPTS * 64) as f64);
+    assert_released(&router).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_openai_shaped_errors() {
+    let replicas = replicas(1, &[]).await;
+    let dir = temp_dir("serve-errors");
+    let router = start_router(&dir, &endpoints(&replicas), "max_body_bytes = 2048", &[]).await;
+    let cases: Vec<(&str, &str, String, u16, &str)> = vec![
+        (
+            "POST",
+            "/v1/completions",
+            "{\"model\":".into(),
+            400,
+            "invalid_body",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            r#"{"prompt":"hi"}"#.into(),
+            400,
+            "invalid_body",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            r#"{"model":"m"}"#.into(),
+            400,
+            "invalid_body",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            r#"{"model":"m","messages":"x"}"#.into(),
+            400,
+            "invalid_body",
+        ),
+        (
+            "POST",
+            "/inference/v1/generate",
+            r#"{"token_ids":[-1]}"#.into(),
+            400,
+            "invalid_body",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            completion(&"x".repeat(4096), 1, false),
+            413,
+            "body_too_large",
+        ),
+        ("POST", "/v2/unknown", "{}".into(), 404, "unknown_route"),
+        (
+            "GET",
+            "/v1/completions",
+            String::new(),
+            405,
+            "method_not_allowed",
+        ),
+    ];
+    for (method, path, body, status, code) in cases {
+        let response = send(router.api(), method, path, &[], &body).await;
+        assert_eq!(response.status(), status, "{method} {path} {body:.60}");
+        let error = json(response).await;
+        assert_eq!(error["error"]["code"], code, "{error}");
+        assert!(error["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
+        assert!(error["error"]["type"].is_string());
+    }
+    let page = metrics_page(router.metrics).await;
+    assert!(metric_sum(&page, "switchyard_requests_total{outcome=\"bad_request\"") >= 6.0);
+    assert_eq!(
+        metric_sum(
+            &page,
+            "switchyard_requests_total{outcome=\"body_too_large\""
+        ),
+        1.0
+    );
+
+    // No endpoints at all: 503 with the reference's reason header.
+    let empty = start_router(&temp_dir("serve-empty"), "", "", &[]).await;
+    let response = send(
+        empty.api(),
+        "POST",
+        "/v1/completions",
+        &[],
+        &completion("hi", 1, false),
+    )
+    .await;
+    assert_eq!(response.status(), 503);
+    assert_eq!(
+        header(&response, "x-llm-d-request-dropped-reason"),
+        "rejected-no-endpoints"
+    );
+    assert_eq!(json(response).await["error"]["code"], "no_endpoints");
+    let ready = send(empty.metrics, "GET", "/ready", &[], "").await;
+    assert_eq!(ready.status(), 503);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_places_requests_as_replay_does_for_the_same_arrivals() {
+    let replicas = replicas(3, &[]).await;
+    let dir = temp_dir("serve-replay");
+    let config = format!("{}{}", burst_pipeline(60), endpoints(&replicas)).replace(
+        "scrape_interval_ms = 100",
+        // Live load facts would differ from the journal's; in-flight counts stay exact.
+        "scrape_interval_ms = 0",
+    );
+    let journal = dir.join("journal.jsonl");
+    let mut router = start_router(
+        &dir,
+        &config,
+        "decision_header = true",
+        &["--journal", journal.to_str().expect("utf-8 path")],
+    )
+    .await;
+    // A recorded arrival pattern: bursts of shared prompts, gaps, and stragglers.
+    let api = router.api();
+    let mut placed: BTreeMap<String, String> = BTreeMap::new();
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+    for round in 0..4 {
+        let mut tasks = Vec::new();
+        for i in 0..12 {
+            let prompt = format!(
+                "round {round} group {} {}",
+                i % 3,
+                "shared context ".repeat(20)
+            );
+            let id = format!("req-{round}-{i}");
+            let max_tokens = rng.random_range(1..40);
+            let body = completion(&prompt, max_tokens, false);
+            tasks.push(tokio::spawn(async move {
+                let response = send(
+                    api,
+                    "POST",
+                    "/v1/completions",
+                    &[("x-request-id", &id)],
+                    &body,
+                )
+                .await;
+                assert_eq!(response.status(), 200);
+                let decision = header(&response, "x-switchyard-decision").to_string();
+                let _ = body_bytes(response).await;
+                (id, decision)
+            }));
+            tokio::time::sleep(Duration::from_millis(rng.random_range(0..15))).await;
+        }
+        for task in tasks {
+            let (id, decision) = task.await.expect("task");
+            let endpoint = decision
+                .strip_prefix("endpoint=")
+                .and_then(|d| d.split(';').next())
+                .expect("decision header")
+                .to_string();
+            placed.insert(id, endpoint);
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(50..150))).await;
+    }
+    assert_released(&router).await;
+    assert_eq!(router.process.terminate(Duration::from_secs(10)), Some(0));
+
+    // Replay the journal through the same config and compare every placement.
+    let text = std::fs::read_to_string(&journal).expect("journal");
+    assert_eq!(
+        text.lines().count(),
+        placed.len(),
+        "one journal line per request"
+    );
+    let replayed = replay_file(&dir.join("serve.toml"), &journal);
+    assert_eq!(replayed.len(), placed.len());
+    let mut groups = BTreeSet::new();
+    for (id, endpoint) in &replayed {
+        assert_eq!(placed.get(id), Some(endpoint), "request {id}");
+        groups.insert(endpoint.clone());
+    }
+    assert!(groups.len() > 1, "the pattern used more than one replica");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_and_truncated_bodies_never_break_the_server() {
+    let replicas = replicas(1, &[]).await;
+    let dir = temp_dir("serve-fuzz");
+    let router = start_router(&dir, &endpoints(&replicas), "", &[]).await;
+    let valid = [
+        completion("hello there", 1, false),
+        r#"{"model":"test-model","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],"max_tokens":1}"#.to_string(),
+        r#"{"token_ids":[1,2,3],"sampling_params":{"max_tokens":1}}"#.to_string(),
+    ];
+    let routes = [
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/inference/v1/generate",
+    ];
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(11);
+    let api = router.api();
+    let shared = Arc::new(valid);
+    for round in 0..300 {
+        let route = routes[round % 3];
+        let source = shared[round % 3].as_bytes();
+        let body: Vec<u8> = match round % 4 {
+            0 => source[..rng.random_range(0..source.len())].to_vec(),
+            1 => (0..rng.random_range(0..200))
+                .map(|_| rng.random())
+                .collect(),
+            2 => {
+                let mut bytes = source.to_vec();
+                for _ in 0..3 {
+                    let at = rng.random_range(0..bytes.len());
+                    bytes[at] = rng.random();
+                }
+                bytes
+            }
+            _ => source.to_vec(),
+        };
+        let response = try_send_bytes(api, "POST", route, &[], Bytes::from(body.clone()))
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "round {round}: {e} for {:?}",
+                    String::from_utf8_lossy(&body)
+                )
+            });
+        let status = response.status().as_u16();
+        let bytes = body_bytes(response).await;
+        assert!(
+            status == 200 || status == 400,
+            "round {round}: {status} for {:?}",
+            String::from_utf8_lossy(&body)
+        );
+        if status == 400 {
+            let error: Value = serde_json::from_slice(&bytes).expect("JSON error");
+            assert!(error["error"]["message"].is_string());
+        }
+    }
+    let response = send(
+        api,
+        "POST",
+        routes[0],
+        &[],
+        &completion("still alive", 1, false),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    assert_released(&router).await;
+}
