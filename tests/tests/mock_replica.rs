@@ -2,163 +2,27 @@
 //! cache, injected faults and shutdown, seen over real HTTP connections.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
 use serde_json::Value;
-use switchyard_tests::{target_dir, workspace_root};
+use switchyard_tests::live::{json, metric, read_events, send, start_replica, try_send, Process};
 use tokio::net::TcpStream;
 
-fn binary() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-        let status = Command::new(cargo)
-            .args(["build", "--quiet", "-p", "switchyard"])
-            .current_dir(workspace_root())
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "switchyard builds");
-        target_dir().join("debug/switchyard")
-    })
-}
-
-/// A running `mock-replica`; killed by its pid when dropped.
-struct Replica {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A port nothing listens on right now.
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
-    listener.local_addr().expect("address").port()
-}
-
 /// Starts a replica at 2000 decode tokens/s with 4-token blocks and waits for `/health`.
-async fn start(name: &str) -> Replica {
-    let port = free_port();
-    let child = Command::new(binary())
-        .args([
-            "mock-replica",
-            "--port",
-            &port.to_string(),
-            "--name",
-            name,
+async fn start(name: &str) -> Process {
+    start_replica(
+        name,
+        &[
             "--model",
             "test-model",
             "--decode-tokens-per-second",
             "2000",
             "--block-size",
             "4",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("mock-replica starts");
-    let mut replica = Replica {
-        child,
-        addr: SocketAddr::from(([127, 0, 0, 1], port)),
-    };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(status) = replica.child.try_wait().expect("child status") {
-            panic!("mock-replica exited early: {status}");
-        }
-        if let Ok(r) = try_send(replica.addr, "GET", "/health", &[], "").await {
-            if r.status() == 200 {
-                return replica;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "mock-replica never became healthy"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// One request on a fresh connection.
-async fn try_send(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> Result<Response<Incoming>, String> {
-    let stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(connection);
-    let mut request = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "mock")
-        .header("content-type", "application/json");
-    for (k, v) in headers {
-        request = request.header(*k, *v);
-    }
-    let request = request
-        .body(Full::new(Bytes::from(body.to_string())))
-        .map_err(|e| e.to_string())?;
-    sender
-        .send_request(request)
-        .await
-        .map_err(|e| e.to_string())
-}
-
-async fn send(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> Response<Incoming> {
-    try_send(addr, method, path, headers, body)
-        .await
-        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
-}
-
-async fn json(response: Response<Incoming>) -> Value {
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    serde_json::from_slice(&bytes).expect("JSON body")
-}
-
-async fn metric(addr: SocketAddr, name: &str) -> f64 {
-    let response = send(addr, "GET", "/metrics", &[], "").await;
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .expect("body")
-        .to_bytes();
-    let page = String::from_utf8_lossy(&bytes);
-    page.lines()
-        .find(|l| l.starts_with(&format!("{name}{{")))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{name} missing from\n{page}"))
+        ],
+    )
+    .await
 }
 
 /// Waits (bounded) for the running count to drop back to zero.
@@ -176,32 +40,6 @@ async fn assert_drains(addr: SocketAddr) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-/// The `data:` payloads of a stream, in order, and whether it ended cleanly.
-async fn read_events(response: Response<Incoming>) -> (Vec<String>, Result<(), String>) {
-    let mut body = response.into_body();
-    let mut text = String::new();
-    let mut end = Ok(());
-    while let Some(frame) = body.frame().await {
-        match frame {
-            Ok(frame) => {
-                if let Ok(data) = frame.into_data() {
-                    text.push_str(&String::from_utf8_lossy(&data));
-                }
-            }
-            Err(e) => {
-                end = Err(e.to_string());
-                break;
-            }
-        }
-    }
-    let events = text
-        .split("\n\n")
-        .filter_map(|e| e.strip_prefix("data: "))
-        .map(str::to_string)
-        .collect();
-    (events, end)
 }
 
 #[tokio::test]
