@@ -157,14 +157,30 @@ impl Producer for BurstProducer {
                 .collect()
         };
 
-        // The hashed items' prompts, flattened, one after the other in one buffer.
+        // The hashed items' prompts, flattened, one after the other in one buffer. A request
+        // whose hashed input equals that of a recent request already hashed (the samples of
+        // one prompt in a burst) copies its hashes instead: they are a function of that input.
         let mut hashes = Vec::new();
         let mut ends = Vec::with_capacity(items.len());
-        for (item, &hash) in items.iter().zip(&needs_hashing) {
+        // Items hashed so far, with the range of their hashes, most recent last.
+        let mut hashed: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
+        for (i, (item, &hash)) in items.iter().zip(&needs_hashing).enumerate() {
             if hash {
-                let seed = prompt_seed(&item.request.model, &item.request.cache_salt);
-                for prompt in item.request.prompts.iter() {
-                    hash_prompt_into(seed, &prompt.tokens, block_size, max_blocks, &mut hashes);
+                let same = hashed
+                    .iter()
+                    .rev()
+                    .take(RECENT_HASHED)
+                    .filter(|(j, _)| counts[*j] == counts[i])
+                    .find(|(j, _)| same_hashed_input(&items[*j], item, block_size, max_blocks));
+                if let Some((_, range)) = same {
+                    hashes.extend_from_within(range.clone());
+                } else {
+                    let start = hashes.len();
+                    let seed = prompt_seed(&item.request.model, &item.request.cache_salt);
+                    for prompt in item.request.prompts.iter() {
+                        hash_prompt_into(seed, &prompt.tokens, block_size, max_blocks, &mut hashes);
+                    }
+                    hashed.push((i, start..hashes.len()));
                 }
             }
             ends.push(hashes.len());
@@ -228,6 +244,37 @@ impl Producer for BurstProducer {
         }
         Ok(())
     }
+}
+
+/// Requests already hashed that a request's input is compared with before it is hashed.
+const RECENT_HASHED: usize = 16;
+
+/// The tokens [`hash_prompt_into`] reads from a prompt: its first `block_count` blocks.
+fn hashed_tokens(tokens: &[u32], block_size: usize, max_blocks: usize) -> &[u32] {
+    let count = block_count(tokens.len(), block_size, max_blocks);
+    &tokens[..tokens.len().min(count.saturating_mul(block_size))]
+}
+
+/// Whether two requests' block hashes are bound to be equal: same model and cache salt (the
+/// chain's seed), and prompt by prompt the same hashed tokens. The ends of the prompts are
+/// compared first, as prompts sharing a long prefix differ there.
+fn same_hashed_input(
+    a: &ProduceItem<'_>,
+    b: &ProduceItem<'_>,
+    block_size: usize,
+    max_blocks: usize,
+) -> bool {
+    const TAIL: usize = 64;
+    let (a, b) = (&a.request, &b.request);
+    a.model == b.model
+        && a.cache_salt == b.cache_salt
+        && a.prompts.len() == b.prompts.len()
+        && a.prompts.iter().zip(b.prompts.iter()).all(|(pa, pb)| {
+            let ta = hashed_tokens(&pa.tokens, block_size, max_blocks);
+            let tb = hashed_tokens(&pb.tokens, block_size, max_blocks);
+            let split = ta.len().saturating_sub(TAIL);
+            ta.len() == tb.len() && ta[split..] == tb[split..] && ta[..split] == tb[..split]
+        })
 }
 
 switchyard_plugin_api::export_plugins!(FACTORY);

@@ -33,6 +33,8 @@ struct Request {
     prompts: Vec<Vec<u32>>,
     candidates: Vec<&'static str>,
     running: Vec<u32>,
+    model: &'static str,
+    cache_salt: &'static str,
 }
 
 fn request(tokens: &[u32], candidates: &[&'static str]) -> Request {
@@ -40,6 +42,8 @@ fn request(tokens: &[u32], candidates: &[&'static str]) -> Request {
         prompts: vec![tokens.to_vec()],
         candidates: candidates.to_vec(),
         running: vec![0; candidates.len()],
+        model: "",
+        cache_salt: "",
     }
 }
 
@@ -85,12 +89,12 @@ fn produce(instance: &PluginInstance, batch: &[Request]) -> Vec<Vec<AttrValue>> 
     let produced = instance.declarations().produces.len();
     let mut items = Vec::new();
     let mut offset = 0;
-    for (prompts, endpoints) in prompts.iter().zip(&endpoints) {
+    for ((prompts, endpoints), request) in prompts.iter().zip(&endpoints).zip(batch) {
         items.push(ProduceItem {
             request: RequestView {
                 id: RStr::from_str("request"),
-                model: RStr::from_str(""),
-                cache_salt: RStr::from_str(""),
+                model: RStr::from_str(request.model),
+                cache_salt: RStr::from_str(request.cache_salt),
                 prompts: RSlice::from_slice(prompts),
                 max_output_tokens: -1,
                 now_ms: 0,
@@ -273,6 +277,8 @@ fn every_prompt_of_a_request_counts_towards_its_blocks() {
         prompts: vec![vec![1, 2, 3, 4], vec![5, 6, 7, 8, 9]],
         candidates: vec!["/pod1", "/pod2"],
         running: vec![0, 0],
+        model: "",
+        cache_salt: "",
     };
     let batch = [two_prompts(), two_prompts()];
     let values = produce(&producer, &batch);
@@ -333,10 +339,10 @@ fn documented_parameters_are_the_config_fields_with_their_defaults() {
 fn produce_hashing_everything(parameters: &str, batch: &[Request]) -> Vec<Vec<AttrValue>> {
     let config = BurstConfig::parse(parameters).expect("valid parameters");
     let (block_size, max_blocks) = (config.block_size(), config.max_blocks());
-    let seed = prompt_seed("", "");
     let hashes: Vec<Vec<u64>> = batch
         .iter()
         .map(|r| {
+            let seed = prompt_seed(r.model, r.cache_salt);
             let mut hashes = Vec::new();
             for tokens in &r.prompts {
                 hash_prompt_into(seed, tokens, block_size, max_blocks, &mut hashes);
@@ -407,16 +413,24 @@ fn requests_left_unhashed_get_what_hashing_them_gives() {
         let instance = instance(parameters);
         for _ in 0..300 {
             // A few prompt shapes, so equal lengths with different contents, identical
-            // prompts, shared prefixes and empty prompts all turn up.
+            // prompts, shared prefixes, prompts differing only in the middle or only past the
+            // hashed tokens, empty prompts, and other models and salts all turn up.
             let size = 1 + next(8) as usize;
             let batch: Vec<Request> = (0..size)
                 .map(|_| {
                     let prompts = (0..1 + next(2))
                         .map(|_| {
-                            let len = next(12) as u32;
+                            let long = next(4) == 0;
+                            let len = if long { 100 + next(2) } else { next(12) } as u32;
                             let variant = next(3) as u32;
+                            let changed = if long { 10 } else { 5 };
                             (0..len)
-                                .map(|t| if t < 5 { t } else { t + variant })
+                                .map(|t| match t.cmp(&changed) {
+                                    std::cmp::Ordering::Less => t,
+                                    std::cmp::Ordering::Equal => t + variant,
+                                    std::cmp::Ordering::Greater if long => t,
+                                    std::cmp::Ordering::Greater => t + variant,
+                                })
                                 .collect()
                         })
                         .collect();
@@ -426,6 +440,8 @@ fn requests_left_unhashed_get_what_hashing_them_gives() {
                         prompts,
                         candidates,
                         running,
+                        model: ["", "m", "ab"][next(3) as usize],
+                        cache_salt: ["", "s", "c"][next(3) as usize],
                     }
                 })
                 .collect();
