@@ -97,6 +97,15 @@ pub fn render(config: &LoadedConfig, registry: &Registry, pipeline: &Pipeline) -
         "picker = {}",
         toml_string(&pipeline.plugins[pipeline.picker].name)
     );
+    // The live drivers' tables, every default filled in.
+    for (table, text) in [
+        ("fleet", toml::to_string(&config.config.fleet)),
+        ("serve", toml::to_string(&config.config.serve)),
+    ] {
+        if let Ok(text) = text {
+            let _ = write!(out, "\n[{table}]\n{text}");
+        }
+    }
     let _ = writeln!(out, "\n# producer order: {}", names(&pipeline.producers));
     let keys: Vec<String> = pipeline.rows.iter().map(|k| k.to_string()).collect();
     let _ = writeln!(out, "# data keys: {}", keys.join(", "));
