@@ -337,6 +337,64 @@ impl LoadedConfig {
         Ok(())
     }
 
+    /// The line of `table.key` (or of the table when the key is absent).
+    pub fn table_line(&self, table: &str, key: &str) -> Option<usize> {
+        line_of(&self.source, &[Step::Key(table), Step::Key(key)])
+    }
+
+    /// Checks `[serve]` for the live router: addresses that parse and limits in range.
+    pub fn check_serve(&self) -> Result<(), ConfigError> {
+        let serve = &self.config.serve;
+        let error = |key: &str, message: String| {
+            ConfigError::new(&self.path, message)
+                .field(format!("serve.{key}"))
+                .at_line(self.table_line("serve", key))
+        };
+        for (key, value, may_be_empty) in [
+            ("listen", &serve.listen, false),
+            ("metrics_listen", &serve.metrics_listen, false),
+            ("admin_listen", &serve.admin_listen, true),
+        ] {
+            if may_be_empty && value.is_empty() {
+                continue;
+            }
+            if value.parse::<std::net::SocketAddr>().is_err() {
+                return Err(error(
+                    key,
+                    format!(
+                        "serve.{key} must be an IP address and port like 127.0.0.1:8080{} (got {value:?})",
+                        if may_be_empty { ", or \"\" to turn it off" } else { "" }
+                    ),
+                ));
+            }
+        }
+        if serve.max_body_bytes == 0 {
+            return Err(error(
+                "max_body_bytes",
+                "serve.max_body_bytes must be at least 1 (got 0)".into(),
+            ));
+        }
+        if serve.max_retries > 16 {
+            return Err(error(
+                "max_retries",
+                format!(
+                    "serve.max_retries must be in 0..=16 (got {})",
+                    serve.max_retries
+                ),
+            ));
+        }
+        if serve.decision_records > 1_000_000 {
+            return Err(error(
+                "decision_records",
+                format!(
+                    "serve.decision_records must be in 0..=1000000 (got {})",
+                    serve.decision_records
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     /// Resolves a library entry to the file to load.
     pub fn library_candidates(&self, entry: &str, extra_dirs: &[PathBuf]) -> Vec<PathBuf> {
         let base = self.base_dir();
@@ -382,5 +440,47 @@ pub fn parameters_json(parameters: &Option<toml::Table>) -> String {
     match parameters {
         None => "null".to_string(),
         Some(table) => serde_json::to_string(table).unwrap_or_else(|_| "null".to_string()),
+    }
+}
+
+#[cfg(test)]
+mod serve_tests {
+    use super::*;
+
+    fn check(text: &str) -> Result<(), ConfigError> {
+        LoadedConfig::parse(Path::new("live.toml"), text.to_string())?.check_serve()
+    }
+
+    #[test]
+    fn serve_defaults_pass() {
+        assert_eq!(check(""), Ok(()));
+        assert_eq!(check("[serve]\nadmin_listen = \"\"\n"), Ok(()));
+    }
+
+    #[test]
+    fn serve_mistakes_name_the_line_key_and_value() {
+        let error = check("[serve]\nmax_retries = 1\nlisten = \"localhost:80\"\n")
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            error.starts_with("live.toml:3: serve.listen must be an IP address and port"),
+            "{error}"
+        );
+        assert!(error.contains("\"localhost:80\""), "{error}");
+        let error = check("[serve]\nmax_body_bytes = 0\n")
+            .expect_err("refused")
+            .to_string();
+        assert_eq!(
+            error,
+            "live.toml:2: serve.max_body_bytes must be at least 1 (got 0)"
+        );
+        let error = check("[serve]\ndecision_records = 2000000\n")
+            .expect_err("refused")
+            .to_string();
+        assert!(error.contains("0..=1000000 (got 2000000)"), "{error}");
+        let unknown = check("[serve]\nport = 80\n")
+            .expect_err("refused")
+            .to_string();
+        assert!(unknown.contains("port"), "{unknown}");
     }
 }

@@ -53,6 +53,7 @@ pub async fn run(
     options: Options,
     serve: ServeOptions,
 ) -> Result<(), String> {
+    config.check_serve().map_err(|e| e.to_string())?;
     let mut settings = config.config.serve.clone();
     let listen = address("serve.listen", &settings.listen, serve.port)?;
     let metrics_listen = address(
