@@ -124,6 +124,8 @@ impl Router {
             .to_string();
         let mut prompt = Some(parsed.prompt);
         let mut attempt = 0;
+        // The last refused connection (endpoint, error), once a retry is under way.
+        let mut refused: Option<(String, String)> = None;
         loop {
             let prompt = match prompt.take() {
                 Some(prompt) => prompt,
@@ -159,6 +161,12 @@ impl Router {
                 Err(rejection) => {
                     if let Some((journal, entry)) = journal {
                         journal.write(entry.finish(None));
+                    }
+                    // Every candidate left refused and is ejected: still unreachable.
+                    if let (Some((endpoint, failure)), pipeline::Rejection::NoEndpoints) =
+                        (&refused, &rejection)
+                    {
+                        return Err(unreachable(attempt, endpoint, failure));
                     }
                     return Err(ApiError::rejected(&rejection));
                 }
@@ -231,17 +239,13 @@ impl Router {
                 if let Some((journal, entry)) = journal {
                     journal.write(entry.finish(None));
                 }
-                return Err(ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "upstream_unreachable",
-                    RequestOutcome::Unreachable,
-                    format!(
-                        "no replica could be reached after {} attempt(s); last: {} ({failure})",
-                        attempt + 1,
-                        placed.endpoint_id
-                    ),
+                return Err(unreachable(
+                    attempt + 1,
+                    &placed.endpoint_id,
+                    &failure.to_string(),
                 ));
             }
+            refused = Some((placed.endpoint_id.clone(), failure.to_string()));
             attempt += 1;
             self.metrics.retry();
         }
@@ -330,6 +334,18 @@ impl Router {
             &serde_json::json!({"object": "list", "data": data}),
         )
     }
+}
+
+/// No candidate accepted a connection; `last` refused with `failure`.
+fn unreachable(attempts: u32, last: &str, failure: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::BAD_GATEWAY,
+        "upstream_unreachable",
+        RequestOutcome::Unreachable,
+        format!(
+            "no replica could be reached after {attempts} attempt(s); last: {last} ({failure})"
+        ),
+    )
 }
 
 fn method_not_allowed(allowed: &'static str) -> Response<ServeBody> {
