@@ -74,45 +74,48 @@ impl Drop for Process {
     }
 }
 
-/// Waits (bounded) until `GET path` on `addr` answers 200.
-pub async fn wait_healthy(process: &mut Process, path: &str, what: &str) {
+/// Attempts at starting a process on free ports: a port found free can be taken by another
+/// test before the child binds it, and the child then exits at once.
+const START_ATTEMPTS: usize = 4;
+
+/// Waits (bounded) until `GET path` on `probe` answers 200; `Err` with the exit status when the
+/// process exits first.
+async fn wait_healthy(child: &mut Child, probe: SocketAddr, path: &str) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Some(status) = process.child.try_wait().expect("child status") {
-            panic!("{what} exited early: {status}");
+        if let Some(status) = child.try_wait().expect("child status") {
+            return Err(status.to_string());
         }
-        if let Ok(r) = try_send(process.addr, "GET", path, &[], "").await {
+        if let Ok(r) = try_send(probe, "GET", path, &[], "").await {
             if r.status() == 200 {
-                return;
+                return Ok(());
             }
         }
-        assert!(Instant::now() < deadline, "{what} never became healthy");
+        assert!(Instant::now() < deadline, "never became healthy on {probe}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 /// Starts `switchyard mock-replica` with `extra` flags on a free port and waits for it.
 pub async fn start_replica(name: &str, extra: &[&str]) -> Process {
-    let port = free_port();
-    start_replica_on(name, port, extra).await
-}
-
-/// Starts `switchyard mock-replica` on `port`.
-pub async fn start_replica_on(name: &str, port: u16, extra: &[&str]) -> Process {
-    let child = Command::new(binary())
-        .args(["mock-replica", "--port", &port.to_string(), "--name", name])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("mock-replica starts");
-    let mut replica = Process {
-        child,
-        addr: SocketAddr::from(([127, 0, 0, 1], port)),
-    };
-    wait_healthy(&mut replica, "/health", "mock-replica").await;
-    replica
+    let mut last = String::new();
+    for _ in 0..START_ATTEMPTS {
+        let port = free_port();
+        let mut child = Command::new(binary())
+            .args(["mock-replica", "--port", &port.to_string(), "--name", name])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("mock-replica starts");
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        match wait_healthy(&mut child, addr, "/health").await {
+            Ok(()) => return Process { child, addr },
+            Err(status) => last = status,
+        }
+    }
+    panic!("mock-replica {name} exited early {START_ATTEMPTS} times, last: {last}");
 }
 
 /// A running `switchyard serve`: the API, metrics and admin addresses.
@@ -141,52 +144,49 @@ pub fn temp_dir(tag: &str) -> PathBuf {
 /// loopback listeners on free ports, starts `switchyard serve` with `extra` flags and waits
 /// until `/health` answers.
 pub async fn start_router(dir: &Path, config: &str, serve_table: &str, extra: &[&str]) -> Router {
-    let (api, metrics, admin) = (free_port(), free_port(), free_port());
-    let text = format!(
-        "{config}\n[serve]\nlisten = \"127.0.0.1:{api}\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\n\
-         admin_listen = \"127.0.0.1:{admin}\"\n{serve_table}\n"
-    );
-    let path = dir.join("serve.toml");
-    std::fs::write(&path, text).expect("config written");
-    let log = std::fs::File::create(dir.join("serve.log")).expect("log file");
-    let child = Command::new(binary())
-        .arg("serve")
-        .arg("--config")
-        .arg(&path)
-        .arg("--plugin-dir")
-        .arg(plugin_dir())
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("serve starts");
-    let mut process = Process {
-        child,
-        addr: SocketAddr::from(([127, 0, 0, 1], api)),
-    };
-    let metrics = SocketAddr::from(([127, 0, 0, 1], metrics));
-    // Health is answered by the metrics listener; watch the router process while waiting.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(status) = process.child.try_wait().expect("child status") {
-            let log = std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
-            panic!("serve exited early: {status}\n{log}");
-        }
-        if let Ok(r) = try_send(metrics, "GET", "/health", &[], "").await {
-            if r.status() == 200 {
-                break;
+    let mut last = String::new();
+    for _ in 0..START_ATTEMPTS {
+        let (api, metrics, admin) = (free_port(), free_port(), free_port());
+        let text = format!(
+            "{config}\n[serve]\nlisten = \"127.0.0.1:{api}\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\n\
+             admin_listen = \"127.0.0.1:{admin}\"\n{serve_table}\n"
+        );
+        let path = dir.join("serve.toml");
+        std::fs::write(&path, text).expect("config written");
+        let log = std::fs::File::create(dir.join("serve.log")).expect("log file");
+        let mut child = Command::new(binary())
+            .arg("serve")
+            .arg("--config")
+            .arg(&path)
+            .arg("--plugin-dir")
+            .arg(plugin_dir())
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("serve starts");
+        // Health is answered by the metrics listener.
+        let metrics = SocketAddr::from(([127, 0, 0, 1], metrics));
+        match wait_healthy(&mut child, metrics, "/health").await {
+            Ok(()) => {
+                return Router {
+                    process: Process {
+                        child,
+                        addr: SocketAddr::from(([127, 0, 0, 1], api)),
+                    },
+                    metrics,
+                    admin: SocketAddr::from(([127, 0, 0, 1], admin)),
+                    dir: dir.to_path_buf(),
+                }
+            }
+            Err(status) => {
+                let log = std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
+                last = format!("{status}\n{log}");
             }
         }
-        assert!(Instant::now() < deadline, "serve never became healthy");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    Router {
-        process,
-        metrics,
-        admin: SocketAddr::from(([127, 0, 0, 1], admin)),
-        dir: dir.to_path_buf(),
-    }
+    panic!("serve exited early {START_ATTEMPTS} times, last: {last}");
 }
 
 /// One request on a fresh connection.

@@ -113,7 +113,9 @@ pub async fn run(
         ids: RequestIds::new(id_prefix()),
     });
     let draining = Arc::new(AtomicBool::new(false));
+    // The API stops first; metrics and admin stay up while it drains, so probes see the drain.
     let (stop, stopped) = watch::channel(false);
+    let (stop_observers, observers_stopped) = watch::channel(false);
 
     tracing::info!(
         api = %local(&api_listener),
@@ -137,7 +139,7 @@ pub async fn run(
         let draining = draining.clone();
         tokio::spawn(accept(
             metrics_listener,
-            stopped.clone(),
+            observers_stopped.clone(),
             drain,
             move |request| admin::observe(router.clone(), draining.clone(), request),
         ))
@@ -145,9 +147,12 @@ pub async fn run(
     let admin = admin_listener.map(|listener| {
         let router = router.clone();
         let effective = effective.clone();
-        tokio::spawn(accept(listener, stopped.clone(), drain, move |request| {
-            admin::admin(router.clone(), effective.clone(), request)
-        }))
+        tokio::spawn(accept(
+            listener,
+            observers_stopped.clone(),
+            drain,
+            move |request| admin::admin(router.clone(), effective.clone(), request),
+        ))
     });
 
     let signal = shutdown_signal().await?;
@@ -162,6 +167,7 @@ pub async fn run(
     if in_flight > 0 {
         tracing::warn!("{in_flight} requests still in flight after the drain deadline; cut");
     }
+    let _ = stop_observers.send(true);
     let _ = observe.await;
     if let Some(admin) = admin {
         let _ = admin.await;
