@@ -116,6 +116,9 @@ struct Inner {
     in_flight: HashMap<String, u32>,
     total_in_flight: u32,
     records: VecDeque<Arc<ReplayOutput>>,
+    /// Address of every endpoint seen, by id: a request decided for an endpoint that has
+    /// left the fleet since its admission still finds it.
+    addresses: HashMap<String, String>,
 }
 
 /// The scheduler of a live driver, its clock and its in-flight accounting.
@@ -147,7 +150,6 @@ impl LiveScheduler {
     ) -> Arc<LiveScheduler> {
         scheduler.set_explain(keep_records > 0);
         let fleet = fleet_updates.borrow_and_update().clone();
-        scheduler.set_fleet(fleet.fleet());
         let live = Arc::new(LiveScheduler {
             inner: Mutex::new(Inner {
                 scheduler,
@@ -160,12 +162,14 @@ impl LiveScheduler {
                 in_flight: HashMap::new(),
                 total_in_flight: 0,
                 records: VecDeque::new(),
+                addresses: HashMap::new(),
             }),
             window_due: Arc::new(Notify::new()),
             clock,
             limits,
             keep_records,
         });
+        live.lock().apply_fleet();
         tokio::spawn(seal_windows(Arc::downgrade(&live), live.window_due.clone()));
         live
     }
@@ -412,13 +416,7 @@ impl LiveScheduler {
             let mut result = match decision.result {
                 Ok(_) => {
                     let id = decision.endpoints.first().cloned().unwrap_or_default();
-                    let address = inner
-                        .fleet
-                        .members
-                        .iter()
-                        .find(|m| m.endpoint.id == id)
-                        .map(|m| m.endpoint.address.clone())
-                        .unwrap_or_default();
+                    let address = inner.addresses.get(&id).cloned().unwrap_or_default();
                     Ok(Placed {
                         endpoint_id: id,
                         address,
@@ -548,6 +546,12 @@ impl Inner {
     }
 
     fn apply_fleet(&mut self) {
+        for member in self.fleet.members.iter() {
+            if self.addresses.get(&member.endpoint.id) != Some(&member.endpoint.address) {
+                self.addresses
+                    .insert(member.endpoint.id.clone(), member.endpoint.address.clone());
+            }
+        }
         let endpoints = self
             .fleet
             .members
