@@ -35,6 +35,12 @@ impl PromptHashes {
         self.ends.clear();
     }
 
+    /// Becomes a copy of `other`, keeping the buffers.
+    pub fn copy_from(&mut self, other: &PromptHashes) {
+        self.hashes.clone_from(&other.hashes);
+        self.ends.clone_from(&other.ends);
+    }
+
     /// Appends a prompt's block hashes (nothing when `hashes` is empty).
     pub fn push_prompt(&mut self, hashes: &[u64]) {
         self.push_prompt_with(|out| out.extend_from_slice(hashes));

@@ -17,7 +17,7 @@ use switchyard_plugin_api::{
     AttrValue, EndpointView, PluginError, PluginKind, PrefixCacheMatchInfo, ProduceItem,
     RequestView, Stability,
 };
-use switchyard_prefix_hashing::{hash_prompt_into, prompt_seed};
+use switchyard_prefix_hashing::{block_count, hash_prompt_into, prompt_seed};
 
 use config::ApproxPrefixCacheConfig;
 use index::{PrefixIndex, PromptHashes};
@@ -90,6 +90,7 @@ fn create(instance_name: &str, parameters: &str) -> Result<Instance, PluginError
         config,
         index: Mutex::new(PrefixIndex::new()),
         scratch: Mutex::new(Vec::new()),
+        last: Mutex::new(LastHashed::default()),
     }))
 }
 
@@ -109,6 +110,76 @@ struct ApproxProducer {
     /// Idle scratch buffers; concurrent calls each take their own, so hashing happens outside
     /// the index lock.
     scratch: Mutex<Vec<Scratch>>,
+    /// The most recent hashing, so that `dispatched` right after `produce` of the same request
+    /// copies the hashes rather than computing them again.
+    last: Mutex<LastHashed>,
+}
+
+/// The input and output of one hashing: the hashes are a function of the model and cache
+/// salt (the chain's seed), the block size and the tokens each prompt has hashed.
+#[derive(Default)]
+struct LastHashed {
+    valid: bool,
+    model: String,
+    cache_salt: String,
+    block_size: u32,
+    /// The hashed tokens of every prompt, one prompt after the other.
+    tokens: Vec<u32>,
+    /// How many of `tokens` each prompt has.
+    lens: Vec<usize>,
+    hashes: PromptHashes,
+}
+
+/// The tokens [`hash_prompt_into`] reads from a prompt: its first `block_count` blocks.
+fn hashed_tokens(tokens: &[u32], block_size: usize, max_blocks: usize) -> &[u32] {
+    let count = block_count(tokens.len(), block_size, max_blocks);
+    &tokens[..tokens.len().min(count.saturating_mul(block_size))]
+}
+
+impl LastHashed {
+    /// Whether hashing `request` with these parameters gives `self.hashes`.
+    fn matches(&self, request: &RequestView<'_>, block_size: u32, max_blocks: usize) -> bool {
+        if !self.valid
+            || self.block_size != block_size
+            || self.lens.len() != request.prompts.len()
+            || self.model != request.model.as_str()
+            || self.cache_salt != request.cache_salt.as_str()
+        {
+            return false;
+        }
+        let mut at = 0;
+        for (prompt, &len) in request.prompts.iter().zip(&self.lens) {
+            let hashed = hashed_tokens(&prompt.tokens, block_size as usize, max_blocks);
+            if hashed.len() != len || hashed != &self.tokens[at..at + len] {
+                return false;
+            }
+            at += len;
+        }
+        true
+    }
+
+    fn store(
+        &mut self,
+        request: &RequestView<'_>,
+        block_size: u32,
+        max_blocks: usize,
+        hashes: &PromptHashes,
+    ) {
+        self.valid = true;
+        self.model.clear();
+        self.model.push_str(&request.model);
+        self.cache_salt.clear();
+        self.cache_salt.push_str(&request.cache_salt);
+        self.block_size = block_size;
+        self.tokens.clear();
+        self.lens.clear();
+        for prompt in request.prompts.iter() {
+            let hashed = hashed_tokens(&prompt.tokens, block_size as usize, max_blocks);
+            self.tokens.extend_from_slice(hashed);
+            self.lens.push(hashed.len());
+        }
+        self.hashes.copy_from(hashes);
+    }
 }
 
 impl ApproxProducer {
@@ -122,6 +193,13 @@ impl ApproxProducer {
     ) -> u32 {
         let block_size = self.config.effective_block_size(Some(server_block_size));
         let max_blocks = self.config.max_blocks(block_size);
+        {
+            let last = lock(&self.last);
+            if last.matches(request, block_size, max_blocks) {
+                out.copy_from(&last.hashes);
+                return block_size;
+            }
+        }
         let seed = prompt_seed(&request.model, &request.cache_salt);
         out.clear();
         for prompt in request.prompts.iter() {
@@ -135,6 +213,7 @@ impl ApproxProducer {
                 );
             });
         }
+        lock(&self.last).store(request, block_size, max_blocks, out);
         block_size
     }
 

@@ -282,3 +282,87 @@ fn documented_parameters_are_the_config_fields_with_their_defaults() {
         );
     }
 }
+
+/// `hash_request` as it was before it remembered its last hashing: hashing every time.
+fn hash_afresh(
+    config: &ApproxPrefixCacheConfig,
+    request: &RequestView<'_>,
+    server: u32,
+) -> PromptHashes {
+    let block_size = config.effective_block_size(Some(server));
+    let max_blocks = config.max_blocks(block_size);
+    let seed = prompt_seed(&request.model, &request.cache_salt);
+    let mut out = PromptHashes::new();
+    for prompt in request.prompts.iter() {
+        out.push_prompt_with(|hashes| {
+            hash_prompt_into(
+                seed,
+                &prompt.tokens,
+                block_size as usize,
+                max_blocks,
+                hashes,
+            );
+        });
+    }
+    out
+}
+
+#[test]
+fn a_remembered_hashing_is_reused_only_when_hashing_again_gives_the_same() {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |bound: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % bound
+    };
+    for parameters in [
+        // Block sizes are at least 64 tokens.
+        r#"{"autoTune": false}"#,
+        r#"{"maxPrefixTokensToMatch": 128}"#,
+        r#"{"maxPrefixBlocksToMatch": 1}"#,
+    ] {
+        let config = ApproxPrefixCacheConfig::parse(parameters).expect("valid parameters");
+        let producer = ApproxProducer {
+            name: "approx".to_string(),
+            config: ApproxPrefixCacheConfig::parse(parameters).expect("valid parameters"),
+            index: Mutex::new(PrefixIndex::new()),
+            scratch: Mutex::new(Vec::new()),
+            last: Mutex::new(LastHashed::default()),
+        };
+        let mut out = PromptHashes::new();
+        for _ in 0..2000 {
+            // Few shapes, so the same request comes back often, and near misses too: another
+            // model or salt, another length, a token changed early or past the hashed part.
+            let prompts: Vec<Vec<u32>> = (0..1 + next(2))
+                .map(|_| {
+                    let len = [0, 30, 64, 65, 128, 200][next(6) as usize];
+                    let changed = next(220) as u32;
+                    (0..len)
+                        .map(|t| if t == changed { 99 } else { t })
+                        .collect()
+                })
+                .collect();
+            let views: Vec<PromptTokens<'_>> = prompts
+                .iter()
+                .map(|p| PromptTokens {
+                    tokens: RSlice::from_slice(p),
+                })
+                .collect();
+            let request = RequestView {
+                id: RStr::from_str("r"),
+                model: RStr::from_str(["", "m", "ab"][next(3) as usize]),
+                cache_salt: RStr::from_str(["", "s", "c"][next(3) as usize]),
+                prompts: RSlice::from_slice(&views),
+                max_output_tokens: -1,
+                now_ms: 0,
+                random_seed: 0,
+                explain: false,
+            };
+            let server = [0, 64, 128][next(3) as usize];
+            let block_size = producer.hash_request(&request, server, &mut out);
+            assert_eq!(block_size, config.effective_block_size(Some(server)));
+            assert_eq!(out, hash_afresh(&config, &request, server), "{parameters}");
+        }
+    }
+}
