@@ -5,7 +5,8 @@
 //! window (no real waiting), and completes the request so in-flight state stays bounded.
 //! Prompts rotate over a small pool so prefix state sees both repeats and other prompts.
 //! A third group places a burst of 16 requests sharing one prompt per iteration, the case
-//! the batch window exists for; its figure covers all 16 decisions.
+//! the batch window exists for; its figure covers all 16 decisions. A fourth places 16
+//! requests with distinct prompts of the same length in one window: each must be hashed.
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -101,9 +102,17 @@ fn window_ms(scheduler: &Scheduler) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Benches one config. Each iteration places `burst` requests sharing one prompt that arrive
-/// together (one window), so with `burst > 1` the figure covers the whole burst.
-fn bench_config(c: &mut Criterion, plugin_dir: &Path, file: &str, label: &str, burst: usize) {
+/// Benches one config. Each iteration places `burst` requests that arrive together (one
+/// window), sharing one prompt or, with `distinct`, each with a prompt of its own (same
+/// length); with `burst > 1` the figure covers the whole burst.
+fn bench_config(
+    c: &mut Criterion,
+    plugin_dir: &Path,
+    file: &str,
+    label: &str,
+    burst: usize,
+    distinct: bool,
+) {
     let path = workspace_root().join("configs").join(file);
     let config = LoadedConfig::read(&path).unwrap_or_else(|e| panic!("{e}"));
     let options = Options {
@@ -118,7 +127,9 @@ fn bench_config(c: &mut Criterion, plugin_dir: &Path, file: &str, label: &str, b
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(2));
     for &tokens in PROMPT_TOKENS {
-        let pool: Vec<Vec<u32>> = (0..PROMPT_POOL).map(|k| prompt(k, tokens)).collect();
+        let pool: Vec<Vec<u32>> = (0..PROMPT_POOL.max(burst))
+            .map(|k| prompt(k, tokens))
+            .collect();
         for &endpoints in ENDPOINT_COUNTS {
             let pipeline = build(&config, &registry, &options).unwrap_or_else(|e| panic!("{e}"));
             let mut scheduler = Scheduler::new(Arc::new(pipeline), fleet(endpoints), 7);
@@ -130,9 +141,13 @@ fn bench_config(c: &mut Criterion, plugin_dir: &Path, file: &str, label: &str, b
                 b.iter_batched(
                     || {
                         next += 1;
-                        let tokens = &pool[next % PROMPT_POOL];
                         (0..burst)
                             .map(|sample| {
+                                let tokens = if distinct {
+                                    &pool[(next + sample) % pool.len()]
+                                } else {
+                                    &pool[next % PROMPT_POOL]
+                                };
                                 let request = Request {
                                     id: format!("r{next}-{sample}"),
                                     model: "bench-model".to_string(),
@@ -175,15 +190,31 @@ fn bench_config(c: &mut Criterion, plugin_dir: &Path, file: &str, label: &str, b
 
 fn decision(c: &mut Criterion) {
     let plugin_dir = release_plugin_dir();
-    bench_config(c, &plugin_dir, "default.toml", "default", 1);
+    bench_config(c, &plugin_dir, "default.toml", "default", 1, false);
     bench_config(
         c,
         &plugin_dir,
         "approx-prefix-load.toml",
         "approx_prefix_load",
         1,
+        false,
     );
-    bench_config(c, &plugin_dir, "default.toml", "default_burst16", BURST);
+    bench_config(
+        c,
+        &plugin_dir,
+        "default.toml",
+        "default_burst16",
+        BURST,
+        false,
+    );
+    bench_config(
+        c,
+        &plugin_dir,
+        "default.toml",
+        "default_distinct16",
+        BURST,
+        true,
+    );
 }
 
 criterion_group!(benches, decision);
