@@ -64,3 +64,19 @@ fn repeated_panics_switch_the_plugin_off() {
         "a switched-off plugin is not called"
     );
 }
+
+#[test]
+fn one_decision_in_sixteen_times_its_scorer_and_picker_calls() {
+    use switchyard::pipeline::scheduler::TIMING_SAMPLE;
+    let mut scheduler = scheduler("timing", &config(), 7);
+    let decisions = 2 * TIMING_SAMPLE;
+    for i in 0..decisions {
+        scheduler.submit(request(&format!("t{i}"), "fine"), i as f64);
+    }
+    let stats = scheduler.stats();
+    for name in ["panicking-scorer", "max-score-picker"] {
+        let (_, plugin) = stats.iter().find(|(n, _)| n == name).expect(name);
+        assert_eq!(plugin.calls, decisions, "{name}");
+        assert_eq!(plugin.timed_calls, 2, "{name}");
+    }
+}

@@ -207,6 +207,19 @@ async fn routes_forward_stream_and_answer_models() {
         "{page}"
     );
     assert!(metric_sum(&page, "switchyard_decision_duration_seconds_count") >= 3.0);
+    let timed = "{plugin=\"burst-prefix-cache-producer\"";
+    assert!(
+        metric_sum(
+            &page,
+            &format!("switchyard_plugin_timed_calls_total{timed}")
+        ) >= 3.0
+    );
+    assert!(
+        metric_sum(
+            &page,
+            &format!("switchyard_plugin_call_seconds_total{timed}")
+        ) > 0.0
+    );
     let ready = send(router.metrics, "GET", "/ready", &[], "").await;
     assert_eq!(ready.status(), 200);
 }

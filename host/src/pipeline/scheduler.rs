@@ -92,9 +92,18 @@ pub struct PluginStats {
     /// Requests refused a place in a full batch window.
     pub batch_overflows: u64,
     pub poisoned: bool,
+    /// Calls whose duration was measured: every produce call, and the filter, scorer and
+    /// picker calls of one decision in [`TIMING_SAMPLE`].
+    pub timed_calls: u64,
+    /// Their total duration, in nanoseconds.
+    pub timed_nanos: u64,
     #[serde(skip)]
     consecutive_panics: u32,
 }
+
+/// One decision in this many has its filter, scorer and picker calls timed (a clock read per
+/// call on every decision would cost more than some of the calls).
+pub const TIMING_SAMPLE: u64 = 16;
 
 /// The endpoints a request was scheduled against, with their host indices and their views,
 /// built once per fleet or metrics change rather than per call.
@@ -286,6 +295,8 @@ pub struct Scheduler {
     dispatched: HashMap<String, Dispatched>,
     stats: Vec<PluginStats>,
     scratch: Scratch,
+    /// Decisions made, for sampling call timings.
+    decisions: u64,
 }
 
 impl Scheduler {
@@ -302,6 +313,7 @@ impl Scheduler {
             dispatched: HashMap::new(),
             stats,
             scratch: Scratch::default(),
+            decisions: 0,
         }
     }
 
@@ -602,7 +614,10 @@ impl Scheduler {
             fill_absent(out, offset as usize);
             plugin.object.produce(items, out)
         };
-        let elapsed_ms = started.elapsed().as_secs_f64() * 1000.0;
+        let elapsed = started.elapsed();
+        self.stats[plugin_index].timed_calls += 1;
+        self.stats[plugin_index].timed_nanos += elapsed.as_nanos() as u64;
+        let elapsed_ms = elapsed.as_secs_f64() * 1000.0;
         let result = match result {
             Ok(()) if elapsed_ms > plugin.timeout_ms() as f64 => {
                 self.stats[plugin_index].timeouts += 1;
@@ -693,7 +708,22 @@ impl Scheduler {
     }
 
     /// Filters, scorers and picker over a ticket whose producers have all run.
+    /// Whether the current decision's calls are timed.
+    fn sampled(&self) -> bool {
+        self.decisions % TIMING_SAMPLE == 0
+    }
+
+    /// Adds a timed call's duration to its plugin's counters.
+    fn timed(&mut self, plugin: usize, started: Option<Instant>) {
+        if let Some(started) = started {
+            let stats = &mut self.stats[plugin];
+            stats.timed_calls += 1;
+            stats.timed_nanos += started.elapsed().as_nanos() as u64;
+        }
+    }
+
     fn decide(&mut self, ticket: Ticket, now_ms: f64) -> Decision {
+        self.decisions += 1;
         let Ticket {
             request: mut admitted,
             mut store,
@@ -791,9 +821,11 @@ impl Scheduler {
             keep.resize(candidates.len(), true);
             note.clear();
             let attrs = attr_view(store, stride, &plugin.consumed_rows);
+            let started = self.sampled().then(Instant::now);
             let result = plugin
                 .object
                 .filter(request, candidates, &attrs, &mut keep, &mut note);
+            self.timed(filter, started);
             self.account(filter, &result);
             if result.is_ok() && keep.contains(&false) {
                 let mut kept = keep.iter();
@@ -846,9 +878,11 @@ impl Scheduler {
             scores.resize(candidates.len(), 0.0);
             note.clear();
             let attrs = attr_view(store, stride, &plugin.consumed_rows);
+            let started = self.sampled().then(Instant::now);
             let result = plugin
                 .object
                 .score(request, candidates, &attrs, &mut scores, &mut note);
+            self.timed(scorer.plugin, started);
             self.account(scorer.plugin, &result);
             if result.is_err() {
                 scores.fill(0.0);
@@ -898,12 +932,14 @@ impl Scheduler {
         let mut picked = std::mem::take(&mut self.scratch.picked);
         picked.clear();
         picked.resize(candidates.len(), 0);
+        let started = self.sampled().then(Instant::now);
         let result = self.pipeline.plugins[picker_index].object.pick(
             request,
             candidates,
             &self.scratch.totals,
             &mut picked,
         );
+        self.timed(picker_index, started);
         self.account(picker_index, &result);
         let outcome = match result {
             Ok(count) if count > 0 => Ok(picked[..count]

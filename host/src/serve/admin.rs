@@ -110,6 +110,9 @@ pub async fn admin(
                         "panics": stats.panics,
                         "batch_overflows": stats.batch_overflows,
                         "switched_off": stats.poisoned,
+                        "timed_calls": stats.timed_calls,
+                        "mean_call_us": (stats.timed_calls > 0)
+                            .then(|| stats.timed_nanos as f64 / stats.timed_calls as f64 / 1000.0),
                     })
                 })
                 .collect();

@@ -178,6 +178,8 @@ impl Metrics {
         let panics = Family::<Labels, Counter>::default();
         let overflows = Family::<Labels, Counter>::default();
         let switched_off = Family::<Labels, Gauge>::default();
+        let timed_seconds = Family::<Labels, Counter<f64, AtomicU64>>::default();
+        let timed_calls = Family::<Labels, Counter>::default();
         for (label, type_name, stats) in live.plugin_stats() {
             let labels = vec![("plugin", label), ("type", type_name)];
             calls.get_or_create(&labels).inc_by(stats.calls);
@@ -190,6 +192,10 @@ impl Metrics {
             switched_off
                 .get_or_create(&labels)
                 .set(i64::from(stats.poisoned));
+            timed_seconds
+                .get_or_create(&labels)
+                .inc_by(stats.timed_nanos as f64 / 1e9);
+            timed_calls.get_or_create(&labels).inc_by(stats.timed_calls);
         }
         registry.register("plugin_calls", "Calls into each plugin", calls);
         registry.register(
@@ -203,6 +209,17 @@ impl Metrics {
             timeouts,
         );
         registry.register("plugin_panics", "Plugin calls that panicked", panics);
+        registry.register(
+            "plugin_call_seconds",
+            "Time spent in timed plugin calls (every produce call; filter, scorer and picker \
+             calls of one decision in 16); divide by plugin_timed_calls for the mean latency",
+            timed_seconds,
+        );
+        registry.register(
+            "plugin_timed_calls",
+            "Plugin calls whose duration is in plugin_call_seconds",
+            timed_calls,
+        );
         registry.register(
             "plugin_batch_overflows",
             "Requests refused a place in a full batch window",
