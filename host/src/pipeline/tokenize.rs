@@ -47,14 +47,16 @@ pub fn tokenize(prompt: Prompt) -> Vec<Vec<u32>> {
 
 /// Reads bytes as little-endian `u32`s, zero-padding the last one.
 pub fn pack_bytes(bytes: &[u8]) -> Vec<u32> {
-    bytes
-        .chunks(4)
-        .map(|chunk| {
-            let mut word = [0u8; 4];
-            word[..chunk.len()].copy_from_slice(chunk);
-            u32::from_le_bytes(word)
-        })
-        .collect()
+    let words = bytes.chunks_exact(4);
+    let rest = words.remainder();
+    let mut out = Vec::with_capacity(bytes.len().div_ceil(4));
+    out.extend(words.map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])));
+    if !rest.is_empty() {
+        let mut word = [0u8; 4];
+        word[..rest.len()].copy_from_slice(rest);
+        out.push(u32::from_le_bytes(word));
+    }
+    out
 }
 
 struct TokenProducer {
