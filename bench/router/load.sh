@@ -24,23 +24,7 @@ MOCK_PORTS="28301 28302 28303 28304"   # as in bench/router/load.toml
 API=28300
 METRICS=28309
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-    local pid
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${pids[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    if [ "${KEEP_WORK:-0}" = 1 ]; then
-        echo "logs kept in $work"
-    else
-        rm -rf "$work"
-    fi
-}
-trap cleanup EXIT
+. "$here/common.sh"
 
 command -v oha >/dev/null || { echo "missing: oha (cargo install oha)" >&2; exit 1; }
 command -v curl >/dev/null || { echo "missing: curl" >&2; exit 1; }
@@ -55,18 +39,6 @@ for port in $MOCK_PORTS $API $METRICS; do
     fi
 done
 
-wait_for() {
-    local seconds=$1
-    shift
-    local deadline=$((SECONDS + seconds))
-    until curl -sf -o /dev/null --max-time 2 "$@"; do
-        if [ $SECONDS -ge $deadline ]; then
-            echo "timed out waiting for: curl $*" >&2
-            return 1
-        fi
-        sleep 0.2
-    done
-}
 
 i=0
 for port in $MOCK_PORTS; do

@@ -35,25 +35,8 @@ MINIMAL_PORT=28110      # as in bench/router/switchyard-minimal.toml
 SGLANG_PORT=28200
 SGLANG_METRICS=28201
 
-work=$(mktemp -d)
-pids=()
-cleanup() {
-    local pid
-    for pid in "${pids[@]}"; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in "${pids[@]}"; do
-        wait "$pid" 2>/dev/null || true
-    done
-    if [ "${KEEP_WORK:-0}" = 1 ]; then
-        echo "logs kept in $work"
-    else
-        rm -rf "$work"
-    fi
-}
-trap cleanup EXIT
+. "$here/common.sh"
 
-need() { command -v "$1" >/dev/null || { echo "missing: $1 ($2)" >&2; exit 1; }; }
 need nginx "apt-get install -y nginx"
 need wrk "apt-get install -y wrk"
 need curl "apt-get install -y curl"
@@ -74,18 +57,6 @@ for port in $BACKEND_PORTS $SWITCHYARD_PORT $SWITCHYARD_METRICS $MINIMAL_PORT $S
 done
 
 # Waits until `curl ARGS...` succeeds, up to $1 seconds.
-wait_for() {
-    local seconds=$1
-    shift
-    local deadline=$((SECONDS + seconds))
-    until curl -sf -o /dev/null --max-time 2 "$@"; do
-        if [ $SECONDS -ge $deadline ]; then
-            echo "timed out waiting for: curl $*" >&2
-            return 1
-        fi
-        sleep 0.2
-    done
-}
 
 probe='{"model":"m","prompt":"hello","max_tokens":16}'
 

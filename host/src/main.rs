@@ -97,32 +97,7 @@ enum Command {
     },
     /// An OpenAI-compatible stand-in model server for tests and demos, built on the
     /// simulator's replica model run on the real clock.
-    MockReplica {
-        /// Port to listen on (127.0.0.1; 0 picks a free one and logs it).
-        #[arg(long)]
-        port: u16,
-        /// The replica's name, sent in the `x-mock-replica` header of every response.
-        #[arg(long, default_value = "mock-replica")]
-        name: String,
-        /// The model it serves.
-        #[arg(long, default_value = "mock-model")]
-        model: String,
-        /// Prefill throughput, prompt tokens per second (the simulator's default).
-        #[arg(long, default_value_t = FleetConfig::default().prefill_tokens_per_second)]
-        prefill_tokens_per_second: f64,
-        /// Decode speed of one sequence, tokens per second.
-        #[arg(long, default_value_t = FleetConfig::default().decode_tokens_per_second)]
-        decode_tokens_per_second: f64,
-        /// Sequences run at once; further requests wait.
-        #[arg(long, default_value_t = FleetConfig::default().max_running_sequences)]
-        max_running: u32,
-        /// Tokens per KV-cache block (prefix-cache granularity).
-        #[arg(long, default_value_t = FleetConfig::default().block_size_tokens)]
-        block_size: usize,
-        /// Prefix-cache capacity in blocks.
-        #[arg(long, default_value_t = FleetConfig::default().cache_capacity_blocks)]
-        cache_blocks: usize,
-    },
+    MockReplica(switchyard::mock_replica::MockOptions),
     /// Simulate the pipeline against baselines on a modelled fleet (see docs/simulate.md).
     Simulate {
         #[command(flatten)]
@@ -157,7 +132,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let (json_logs, default_level) = match &cli.command {
         Command::Serve { log_format, .. } => (log_format == "json", "info"),
-        Command::MockReplica { .. } => (false, "info"),
+        Command::MockReplica(_) => (false, "info"),
         _ => (false, "warn"),
     };
     init_logging(json_logs, default_level);
@@ -218,27 +193,9 @@ fn run(command: Command) -> Result<(), String> {
             };
             runtime()?.block_on(switchyard::serve::run(config, options, serve_options))
         }
-        Command::MockReplica {
-            port,
-            name,
-            model,
-            prefill_tokens_per_second,
-            decode_tokens_per_second,
-            max_running,
-            block_size,
-            cache_blocks,
-        } => runtime()?.block_on(switchyard::mock_replica::run(
-            switchyard::mock_replica::MockOptions {
-                port,
-                name,
-                model,
-                prefill_tokens_per_second,
-                decode_tokens_per_second,
-                max_running,
-                block_size,
-                cache_blocks,
-            },
-        )),
+        Command::MockReplica(options) => {
+            runtime()?.block_on(switchyard::mock_replica::run(options))
+        }
         Command::Check(common) => {
             let config = read_config(&common.config)?;
             let options = common.options();

@@ -21,6 +21,8 @@ use crate::{plugin_dir, target_dir, workspace_root};
 pub fn binary() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
+        // The plugin build and this one share the cargo lock; build the plugins first.
+        plugin_dir();
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
         let status = Command::new(cargo)
             .args(["build", "--quiet", "-p", "switchyard"])
@@ -293,18 +295,30 @@ pub async fn metric(addr: SocketAddr, name: &str) -> f64 {
 
 /// The `data:` payloads of a stream, in order, and whether it ended cleanly.
 pub async fn read_events(response: Response<Incoming>) -> (Vec<String>, Result<(), String>) {
-    let mut body = response.into_body();
-    let mut text = String::new();
+    read_rest_of_stream(response.into_body(), String::new()).await
+}
+
+/// Reads a stream to its end (within 30 s), after `start` already read: the `data:` payloads
+/// and how it ended.
+pub async fn read_rest_of_stream(
+    mut body: Incoming,
+    start: String,
+) -> (Vec<String>, Result<(), String>) {
+    let mut text = start;
     let mut end = Ok(());
-    while let Some(frame) = body.frame().await {
-        match frame {
-            Ok(frame) => {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, body.frame()).await {
+            Err(_) => panic!("the stream did not end within 30 s; read so far:\n{text}"),
+            Ok(None) => break,
+            Ok(Some(Ok(frame))) => {
                 if let Ok(data) = frame.into_data() {
                     text.push_str(&String::from_utf8_lossy(&data));
                 }
             }
-            Err(e) => {
-                end = Err(e.to_string());
+            Ok(Some(Err(error))) => {
+                end = Err(error.to_string());
                 break;
             }
         }
@@ -315,6 +329,27 @@ pub async fn read_events(response: Response<Incoming>) -> (Vec<String>, Result<(
         .map(str::to_string)
         .collect();
     (events, end)
+}
+
+/// Waits (bounded) until the router counts nothing in flight, in total and per endpoint.
+pub async fn assert_router_idle(router: &Router, what: &str) {
+    let idle = eventually(Duration::from_secs(10), || async {
+        metric_sum(
+            &metrics_page(router.metrics).await,
+            "switchyard_in_flight_total",
+        ) == 0.0
+    })
+    .await;
+    let page = metrics_page(router.metrics).await;
+    assert!(
+        idle,
+        "{what}: the router still counts requests in flight\n{page}"
+    );
+    assert_eq!(
+        metric_sum(&page, "switchyard_in_flight"),
+        0.0,
+        "{what}\n{page}"
+    );
 }
 
 /// Polls `check` every 20 ms until it holds or `within` passes; returns whether it held.

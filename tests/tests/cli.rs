@@ -2,25 +2,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
-use switchyard_tests::{plugin_dir, target_dir, workspace_root};
-
-fn binary() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        // The plugin build and this one share the cargo lock; build the plugins first.
-        plugin_dir();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-        let status = Command::new(cargo)
-            .args(["build", "--quiet", "-p", "switchyard"])
-            .current_dir(workspace_root())
-            .status()
-            .expect("cargo runs");
-        assert!(status.success(), "switchyard builds");
-        target_dir().join("debug/switchyard")
-    })
-}
+use switchyard_tests::live::binary;
+use switchyard_tests::{plugin_dir, workspace_root};
 
 fn run(args: &[&str]) -> Output {
     Command::new(binary())

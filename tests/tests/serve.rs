@@ -10,8 +10,8 @@ use bytes::Bytes;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use switchyard_tests::live::{
-    body_bytes, eventually, json, metric_sum, metrics_page, read_events, replay_file, send,
-    start_replica, start_router, temp_dir, try_send_bytes, Process, Router,
+    assert_router_idle, body_bytes, json, metric_sum, metrics_page, read_events, replay_file, send,
+    start_replica, start_router, temp_dir, try_send_bytes, Process,
 };
 
 /// Replicas fast enough for tests, with 4-token blocks so short prompts fill blocks.
@@ -87,20 +87,6 @@ scorers = [
 fn completion(prompt: &str, max_tokens: u32, stream: bool) -> String {
     serde_json::json!({"model": "test-model", "prompt": prompt, "max_tokens": max_tokens, "stream": stream})
         .to_string()
-}
-
-/// Every in-flight counter of the router reads zero (bounded wait).
-async fn assert_released(router: &Router) {
-    let released = eventually(Duration::from_secs(10), || async {
-        metric_sum(
-            &metrics_page(router.metrics).await,
-            "switchyard_in_flight_total",
-        ) == 0.0
-    })
-    .await;
-    let page = metrics_page(router.metrics).await;
-    assert!(released, "in-flight never returned to zero:\n{page}");
-    assert_eq!(metric_sum(&page, "switchyard_in_flight"), 0.0, "{page}");
 }
 
 fn header<'a>(response: &'a hyper::Response<hyper::body::Incoming>, name: &str) -> &'a str {
@@ -199,7 +185,7 @@ async fn routes_forward_stream_and_answer_models() {
     let config = body_bytes(send(router.admin, "GET", "/config", &[], "").await).await;
     assert!(String::from_utf8_lossy(&config).contains("burst-prefix-cache-producer"));
 
-    assert_released(&router).await;
+    assert_router_idle(&router, "at the end").await;
     let page = metrics_page(router.metrics).await;
     assert_eq!(
         metric_sum(&page, "switchyard_requests_total{outcome=\"completed\""),
@@ -282,7 +268,7 @@ async fn a_burst_is_colocated_and_each_prompt_prefilled_once() {
     }
     assert_eq!(queries, (PROMPTS * SAMPLES * 64) as f64);
     assert_eq!(queries - hits, (PROMPTS * 64) as f64);
-    assert_released(&router).await;
+    assert_router_idle(&router, "at the end").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -441,7 +427,7 @@ async fn serve_places_requests_as_replay_does_for_the_same_arrivals() {
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(50..150))).await;
     }
-    assert_released(&router).await;
+    assert_router_idle(&router, "at the end").await;
     assert_eq!(router.process.terminate(Duration::from_secs(10)), Some(0));
 
     // Replay the journal through the same config and compare every placement.
@@ -526,5 +512,5 @@ async fn random_and_truncated_bodies_never_break_the_server() {
     )
     .await;
     assert_eq!(response.status(), 200);
-    assert_released(&router).await;
+    assert_router_idle(&router, "at the end").await;
 }

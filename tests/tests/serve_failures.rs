@@ -15,8 +15,8 @@ use hyper::body::Incoming;
 use hyper::Response;
 use serde_json::Value;
 use switchyard_tests::live::{
-    body_bytes, eventually, json, metric_sum, metrics_page, read_events, send, start_replica,
-    start_router, temp_dir, try_send, Router,
+    assert_router_idle, body_bytes, eventually, json, metric_sum, metrics_page, read_events,
+    read_rest_of_stream, send, start_replica, start_router, temp_dir, try_send, Router,
 };
 use switchyard_tests::target_dir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -88,19 +88,6 @@ async fn router_metric(router: &Router, name: &str) -> f64 {
     metric_sum(&metrics_page(router.metrics).await, name)
 }
 
-/// Waits (bounded) until the router counts nothing in flight.
-async fn assert_router_idle(router: &Router, what: &str) {
-    let idle = eventually(Duration::from_secs(5), || async {
-        router_metric(router, "switchyard_in_flight_total").await == 0.0
-    })
-    .await;
-    assert!(
-        idle,
-        "{what}: the router still counts requests in flight\n{}",
-        metrics_page(router.metrics).await
-    );
-}
-
 /// Reads frames until the first complete server-sent event; returns the text read so far.
 async fn read_first_event(body: &mut Incoming) -> String {
     let mut text = String::new();
@@ -117,35 +104,6 @@ async fn read_first_event(body: &mut Incoming) -> String {
         }
     }
     text
-}
-
-/// Reads a relayed stream to its end: the `data:` payloads and how it ended.
-async fn rest_of_stream(mut body: Incoming, start: String) -> (Vec<String>, Result<(), String>) {
-    let mut text = start;
-    let mut end = Ok(());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, body.frame()).await {
-            Err(_) => panic!("the stream did not end within 30 s; read so far:\n{text}"),
-            Ok(None) => break,
-            Ok(Some(Ok(frame))) => {
-                if let Ok(data) = frame.into_data() {
-                    text.push_str(&String::from_utf8_lossy(&data));
-                }
-            }
-            Ok(Some(Err(error))) => {
-                end = Err(error.to_string());
-                break;
-            }
-        }
-    }
-    let events = text
-        .split("\n\n")
-        .filter_map(|e| e.strip_prefix("data: "))
-        .map(str::to_string)
-        .collect();
-    (events, end)
 }
 
 /// Opens a raw connection, sends a streamed completion and reads until the first event; the
@@ -399,7 +357,7 @@ async fn a_replica_failing_mid_stream_ends_the_client_stream_with_an_error() {
     let first = read_first_event(&mut body).await;
     replica.child.kill().expect("replica killed");
     replica.child.wait().expect("replica reaped");
-    let (events, end) = rest_of_stream(body, first).await;
+    let (events, end) = read_rest_of_stream(body, first).await;
     assert_cut("replica killed", &events, &end);
     assert_router_idle(&router, "after the replica died").await;
     let page = metrics_page(router.metrics).await;
@@ -622,7 +580,7 @@ async fn sigterm_lets_a_running_stream_finish_then_exits_0() {
         TcpStream::connect(api).await.is_err()
     })
     .await;
-    let (events, end) = rest_of_stream(body, first).await;
+    let (events, end) = read_rest_of_stream(body, first).await;
     let stream_ended = Instant::now();
     let (code, router) = exit.await.expect("terminate thread");
     let log = router_log(&router);
@@ -688,7 +646,7 @@ async fn max_in_flight_rejects_with_429_while_full() {
     let error = json(second).await;
     assert_eq!(error["error"]["code"], "saturated", "{error}");
 
-    let (events, end) = rest_of_stream(body, first).await;
+    let (events, end) = read_rest_of_stream(body, first).await;
     assert_eq!(end, Ok(()));
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
 

@@ -352,17 +352,8 @@ impl LiveScheduler {
     }
 
     fn release(&self, request_id: &str, endpoint_id: &str, outcome: Outcome) {
-        let mut inner = self.lock();
         let now = self.clock.now_ms();
-        inner.scheduler.complete(request_id, outcome, now);
-        inner.live_ids.remove(request_id);
-        if let Some(count) = inner.in_flight.get_mut(endpoint_id) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                inner.in_flight.remove(endpoint_id);
-            }
-        }
-        inner.total_in_flight = inner.total_in_flight.saturating_sub(1);
+        self.lock().release(request_id, endpoint_id, outcome, now);
     }
 
     /// A request whose placement future was dropped: withdraw it from its window, or release
@@ -442,11 +433,7 @@ impl LiveScheduler {
                         ),
                     });
                 } else {
-                    *inner
-                        .in_flight
-                        .entry(placed.endpoint_id.clone())
-                        .or_insert(0) += 1;
-                    inner.total_in_flight += 1;
+                    inner.charge(&placed.endpoint_id);
                 }
             }
             if result.is_err() {
@@ -465,16 +452,17 @@ impl LiveScheduler {
             };
             if let Err(unsent) = sender.send(delivery) {
                 // The client left between admission and decision.
-                if let Ok(placed) = unsent.result {
-                    inner
-                        .scheduler
-                        .complete(&unsent.request_id, Outcome::Cancelled, now);
-                    if let Some(count) = inner.in_flight.get_mut(&placed.endpoint_id) {
-                        *count = count.saturating_sub(1);
+                match unsent.result {
+                    Ok(placed) => inner.release(
+                        &unsent.request_id,
+                        &placed.endpoint_id,
+                        Outcome::Cancelled,
+                        now,
+                    ),
+                    Err(_) => {
+                        inner.live_ids.remove(&unsent.request_id);
                     }
-                    inner.total_in_flight = inner.total_in_flight.saturating_sub(1);
                 }
-                inner.live_ids.remove(&unsent.request_id);
             }
         }
     }
@@ -531,6 +519,30 @@ async fn seal_windows(live: Weak<LiveScheduler>, window_due: Arc<Notify>) {
 }
 
 impl Inner {
+    /// Counts a dispatch to `endpoint_id`.
+    fn charge(&mut self, endpoint_id: &str) {
+        match self.in_flight.get_mut(endpoint_id) {
+            Some(count) => *count += 1,
+            None => {
+                self.in_flight.insert(endpoint_id.to_string(), 1);
+            }
+        }
+        self.total_in_flight += 1;
+    }
+
+    /// Completes a dispatched request in the scheduler and takes back its charge.
+    fn release(&mut self, request_id: &str, endpoint_id: &str, outcome: Outcome, now: f64) {
+        self.scheduler.complete(request_id, outcome, now);
+        self.live_ids.remove(request_id);
+        if let Some(count) = self.in_flight.get_mut(endpoint_id) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.in_flight.remove(endpoint_id);
+            }
+        }
+        self.total_in_flight = self.total_in_flight.saturating_sub(1);
+    }
+
     /// `id`, or `id` with a suffix when another live request already uses it.
     fn unique_id(&mut self, id: String) -> String {
         if !self.live_ids.contains(&id) {

@@ -27,54 +27,30 @@ impl JournalTask {
     }
 }
 
-/// One request's line, begun at arrival and completed when it ends.
+/// One request's line: begun when its body is read, given the arrival time and id the
+/// scheduler used, and written when the request ends.
 pub struct JournalEntry {
+    journal: Journal,
     fields: Map<String, Value>,
 }
 
 impl JournalEntry {
-    pub fn begin(
-        arrival_ms: f64,
-        id: &str,
-        model: &str,
-        cache_salt: &str,
-        prompt: &Prompt,
-        max_output_tokens: Option<u64>,
-    ) -> JournalEntry {
-        let mut fields = Map::new();
-        fields.insert("arrival_ms".into(), round_ms(arrival_ms));
-        fields.insert("id".into(), id.into());
-        fields.insert("model".into(), model.into());
-        if !cache_salt.is_empty() {
-            fields.insert("cache_salt".into(), cache_salt.into());
-        }
-        let (key, value) = prompt_fields(prompt);
-        fields.insert(key.into(), value);
-        if let Some(max) = max_output_tokens {
-            fields.insert("max_output_tokens".into(), max.into());
-        }
-        JournalEntry { fields }
-    }
-
-    /// The arrival time the scheduler used.
-    pub fn set_arrival(&mut self, arrival_ms: f64) {
+    /// The arrival time and id the scheduler used (the id may differ from the client's when
+    /// that was in use).
+    pub fn set_placement(&mut self, arrival_ms: f64, id: &str) {
         self.fields
             .insert("arrival_ms".into(), round_ms(arrival_ms));
-    }
-
-    /// The id the scheduler used (it may differ from the client's when that was in use).
-    pub fn set_id(&mut self, id: &str) {
         self.fields.insert("id".into(), id.into());
     }
 
-    /// The line, with `completion_ms` when the request was placed and has ended.
-    pub fn finish(mut self, completion_ms: Option<f64>) -> Vec<u8> {
+    /// Writes the line, with `completion_ms` when the request was placed and has ended.
+    pub fn write(mut self, completion_ms: Option<f64>) {
         if let Some(done) = completion_ms {
             self.fields.insert("completion_ms".into(), round_ms(done));
         }
         let mut line = serde_json::to_vec(&Value::Object(self.fields)).unwrap_or_default();
         line.push(b'\n');
-        line
+        let _ = self.journal.lines.send(line);
     }
 }
 
@@ -109,7 +85,27 @@ impl Journal {
         Ok((Journal { lines }, JournalTask(task)))
     }
 
-    pub fn write(&self, line: Vec<u8>) {
-        let _ = self.lines.send(line);
+    /// Begins the line of a request whose body was just read.
+    pub fn entry(
+        &self,
+        model: &str,
+        cache_salt: &str,
+        prompt: &Prompt,
+        max_output_tokens: Option<u64>,
+    ) -> JournalEntry {
+        let mut fields = Map::new();
+        fields.insert("model".into(), model.into());
+        if !cache_salt.is_empty() {
+            fields.insert("cache_salt".into(), cache_salt.into());
+        }
+        let (key, value) = prompt_fields(prompt);
+        fields.insert(key.into(), value);
+        if let Some(max) = max_output_tokens {
+            fields.insert("max_output_tokens".into(), max.into());
+        }
+        JournalEntry {
+            journal: self.clone(),
+            fields,
+        }
     }
 }

@@ -27,15 +27,31 @@ use tokio::time::Instant;
 use crate::sim::FleetConfig;
 
 /// Command-line options of `mock-replica`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct MockOptions {
+    /// Port to listen on (127.0.0.1; 0 picks a free one and logs it).
+    #[arg(long)]
     pub port: u16,
+    /// The replica's name, sent in the `x-mock-replica` header of every response.
+    #[arg(long, default_value = "mock-replica")]
     pub name: String,
+    /// The model it serves.
+    #[arg(long, default_value = "mock-model")]
     pub model: String,
+    /// Prefill throughput, prompt tokens per second (the simulator's default).
+    #[arg(long, default_value_t = FleetConfig::default().prefill_tokens_per_second)]
     pub prefill_tokens_per_second: f64,
+    /// Decode speed of one sequence, tokens per second.
+    #[arg(long, default_value_t = FleetConfig::default().decode_tokens_per_second)]
     pub decode_tokens_per_second: f64,
+    /// Sequences run at once; further requests wait.
+    #[arg(long, default_value_t = FleetConfig::default().max_running_sequences)]
     pub max_running: u32,
+    /// Tokens per KV-cache block (prefix-cache granularity).
+    #[arg(long, default_value_t = FleetConfig::default().block_size_tokens)]
     pub block_size: usize,
+    /// Prefix-cache capacity in blocks.
+    #[arg(long, default_value_t = FleetConfig::default().cache_capacity_blocks)]
     pub cache_blocks: usize,
 }
 

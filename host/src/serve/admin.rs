@@ -21,12 +21,8 @@ pub async fn observe(
     draining: Arc<AtomicBool>,
     request: Request<Incoming>,
 ) -> Response<ServeBody> {
-    if request.method() != Method::GET {
-        return response::text(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "GET only\n".into(),
-            "text/plain",
-        );
+    if let Some(refusal) = get_only(&request) {
+        return refusal;
     }
     match request.uri().path() {
         "/metrics" => {
@@ -72,12 +68,8 @@ pub async fn admin(
     effective_config: Arc<String>,
     request: Request<Incoming>,
 ) -> Response<ServeBody> {
-    if request.method() != Method::GET {
-        return response::text(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "GET only\n".into(),
-            "text/plain",
-        );
+    if let Some(refusal) = get_only(&request) {
+        return refusal;
     }
     let query = request.uri().query().unwrap_or("");
     match request.uri().path() {
@@ -172,4 +164,15 @@ pub async fn admin(
             "text/plain",
         ),
     }
+}
+
+/// Both listeners answer GET only.
+fn get_only(request: &Request<Incoming>) -> Option<Response<ServeBody>> {
+    (request.method() != Method::GET).then(|| {
+        response::text(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "GET only\n".into(),
+            "text/plain",
+        )
+    })
 }

@@ -19,7 +19,7 @@ use super::upstream::{Client, Ending, RelayedBody};
 use crate::config::ServeConfig;
 use crate::fleet::LiveFleet;
 use crate::live::body::{self, Api};
-use crate::live::journal::{Journal, JournalEntry};
+use crate::live::journal::Journal;
 use crate::live::LiveScheduler;
 use crate::pipeline;
 use crate::replay::ReplayOutput;
@@ -104,15 +104,12 @@ impl Router {
             .map(str::to_string)
             .unwrap_or_else(|| self.ids.generate());
         let mut journal = self.journal.as_ref().map(|j| {
-            let entry = JournalEntry::begin(
-                0.0,
-                &client_id,
+            j.entry(
                 &parsed.model,
                 &parsed.cache_salt,
                 &parsed.prompt,
                 parsed.max_output_tokens,
-            );
-            (j.clone(), entry)
+            )
         });
         let deadline = (self.settings.request_timeout_ms > 0).then(|| {
             tokio::time::Instant::now() + Duration::from_millis(self.settings.request_timeout_ms)
@@ -151,16 +148,15 @@ impl Router {
                 (placement.decided_ms - placement.arrival_ms).max(0.0) / 1000.0,
             );
             if attempt == 0 {
-                if let Some((_, entry)) = journal.as_mut() {
-                    entry.set_arrival(placement.arrival_ms);
-                    entry.set_id(&placement.request_id);
+                if let Some(entry) = journal.as_mut() {
+                    entry.set_placement(placement.arrival_ms, &placement.request_id);
                 }
             }
             let (placed, charge) = match placement.result {
                 Ok(placed) => placed,
                 Err(rejection) => {
-                    if let Some((journal, entry)) = journal {
-                        journal.write(entry.finish(None));
+                    if let Some(entry) = journal {
+                        entry.write(None);
                     }
                     // Every candidate left refused and is ejected: still unreachable.
                     if let (Some((endpoint, failure)), pipeline::Rejection::NoEndpoints) =
@@ -201,8 +197,8 @@ impl Router {
                 Err(_) => {
                     charge.finish(Outcome::Failed);
                     self.metrics.upstream_error(&placed.endpoint_id, "timeout");
-                    if let Some((journal, entry)) = journal {
-                        journal.write(entry.finish(Some(self.live.clock().now_ms())));
+                    if let Some(entry) = journal {
+                        entry.write(Some(self.live.clock().now_ms()));
                     }
                     return Err(ApiError::new(
                         StatusCode::GATEWAY_TIMEOUT,
@@ -218,8 +214,8 @@ impl Router {
             charge.finish(Outcome::Failed);
             if !failure.is_connect() {
                 self.metrics.upstream_error(&placed.endpoint_id, "response");
-                if let Some((journal, entry)) = journal {
-                    journal.write(entry.finish(Some(self.live.clock().now_ms())));
+                if let Some(entry) = journal {
+                    entry.write(Some(self.live.clock().now_ms()));
                 }
                 return Err(ApiError::new(
                     StatusCode::BAD_GATEWAY,
@@ -236,8 +232,8 @@ impl Router {
                 "connection failed ({failure}); left out of decisions for a while"
             );
             if attempt >= self.settings.max_retries {
-                if let Some((journal, entry)) = journal {
-                    journal.write(entry.finish(None));
+                if let Some(entry) = journal {
+                    entry.write(None);
                 }
                 return Err(unreachable(
                     attempt + 1,

@@ -18,7 +18,7 @@ use tokio::time::Sleep;
 
 use super::metrics::{Metrics, RequestOutcome};
 use super::response::BoxError;
-use crate::live::journal::{Journal, JournalEntry};
+use crate::live::journal::JournalEntry;
 use crate::live::{InFlight, RealClock};
 
 pub type Client = hyper_util::client::legacy::Client<HttpConnector, Full<Bytes>>;
@@ -41,14 +41,14 @@ pub struct Ending {
     pub metrics: Metrics,
     pub endpoint: String,
     pub clock: RealClock,
-    pub journal: Option<(Journal, JournalEntry)>,
+    pub journal: Option<JournalEntry>,
 }
 
 impl Ending {
     fn close(self, outcome: RequestOutcome) {
         self.metrics.request(outcome, &self.endpoint);
-        if let Some((journal, entry)) = self.journal {
-            journal.write(entry.finish(Some(self.clock.now_ms())));
+        if let Some(entry) = self.journal {
+            entry.write(Some(self.clock.now_ms()));
         }
     }
 }
