@@ -11,6 +11,11 @@ use switchyard::pipeline::{build, load_registry, Options, Scheduler};
 use switchyard::sim::{self, FleetConfig, SimRouter, Workload};
 use switchyard::{effective, replay, simulate};
 
+/// The router allocates and frees request-sized buffers at a high rate; mimalloc keeps that
+/// off glibc's consolidation path.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "switchyard",
