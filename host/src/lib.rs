@@ -3,6 +3,7 @@
 pub mod config;
 pub mod effective;
 pub mod fleet;
+pub mod jsonl;
 pub mod live;
 pub mod mock_replica;
 pub mod pipeline;

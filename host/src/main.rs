@@ -1,6 +1,6 @@
 //! The `switchyard` command line.
 
-use std::io::{BufReader, IsTerminal, Write};
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use clap::{Args, Parser, Subcommand};
 use switchyard::config::{LoadedConfig, DEFAULT_CONFIG};
 use switchyard::pipeline::{build, load_registry, Options, Scheduler};
 use switchyard::sim::{self, FleetConfig, SimRouter, Workload};
-use switchyard::{effective, replay, simulate};
+use switchyard::{effective, jsonl, replay, simulate};
 
 /// The router allocates and frees request-sized buffers at a high rate; mimalloc keeps that
 /// off glibc's consolidation path.
@@ -239,11 +239,19 @@ fn run(command: Command) -> Result<(), String> {
             let options = common.options();
             let registry = load_registry(&config, &options).map_err(|e| e.to_string())?;
             let pipeline = build(&config, &registry, &options).map_err(|e| e.to_string())?;
-            let file = std::fs::File::open(&input)
+            if let Some(path) = output.as_ref().filter(|o| jsonl::same_file(&input, o)) {
+                return Err(format!(
+                    "--output {} is the input file; write the decisions somewhere else",
+                    path.display()
+                ));
+            }
+            let bytes = std::fs::read(&input)
                 .map_err(|e| format!("cannot read {}: {e}", input.display()))?;
-            let lines = replay::read_input(BufReader::new(file))
-                .map_err(|e| format!("{}:{e}", input.display()))?;
+            let located =
+                |e: replay::InputError| format!("{}:{}: {}", input.display(), e.line, e.message);
+            let lines = replay::read_input(&bytes).map_err(located)?;
             let fleet = replay::fleet_from_config(&config.config.endpoints);
+            replay::check_input(&lines, &fleet).map_err(located)?;
             let mut scheduler = Scheduler::new(Arc::new(pipeline), fleet, seed);
             let mut sink: Box<dyn Write> = match &output {
                 Some(path) => Box::new(std::io::BufWriter::new(
@@ -316,7 +324,11 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
                     .ok_or_else(|| format!("--set {entry}: expected NAME=VALUE"))?;
                 let value = serde_json::from_str(value)
                     .unwrap_or_else(|_| serde_json::Value::String(value.to_string()));
-                object.insert(name.to_string(), value);
+                if object.insert(name.to_string(), value).is_some() {
+                    return Err(format!(
+                        "--set {name} is given twice; keep the one you mean"
+                    ));
+                }
             }
             let workload = Workload::from_name(&args.workload, serde_json::Value::Object(object))
                 .map_err(|e| e.to_string())?;
@@ -335,6 +347,19 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
         simulate::pipeline_router(&main_name, &config, &options, &fleet, args.seed)
             .map_err(|e| e.to_string())?,
     ));
+    let mut names = vec![(main_name.clone(), args.common.config.clone())];
+    for path in &args.compare {
+        let name = simulate::pipeline_name(path);
+        if let Some((_, first)) = names.iter().find(|(n, _)| *n == name) {
+            return Err(format!(
+                "--compare {}: its pipeline would be reported as {name:?}, like {}; pipelines \
+                 are named after their file, so copy one under another name",
+                path.display(),
+                first.display()
+            ));
+        }
+        names.push((name, path.clone()));
+    }
     for path in &args.compare {
         let extra = read_config(path)?;
         routers.push(Box::new(

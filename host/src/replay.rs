@@ -1,10 +1,12 @@
 //! `switchyard replay`: schedules a JSONL file of timestamped requests on virtual time and
 //! writes one decision per request. The format is documented in `docs/replay.md`.
 
-use std::io::{BufRead, Write};
+use std::collections::HashMap;
+use std::io::Write;
 
 use serde::{Deserialize, Serialize};
 
+use crate::jsonl;
 use crate::live::body::PromptField;
 use crate::pipeline::record::DecisionRecord;
 use crate::pipeline::{ChatMessage, Decision, Endpoint, Fleet, Prompt, Request, Scheduler};
@@ -14,6 +16,9 @@ use switchyard_plugin_api::EndpointMetrics;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReplayLine {
+    /// The line's number in its file, from 1.
+    #[serde(skip)]
+    pub line: usize,
     /// Arrival time in milliseconds from the start of the replay.
     pub arrival_ms: f64,
     #[serde(default)]
@@ -76,6 +81,16 @@ pub struct MetricsUpdate {
 }
 
 impl MetricsUpdate {
+    /// The facts' documented ranges; the error names the field.
+    pub fn check(&self) -> Result<(), String> {
+        match self.kv_cache_usage {
+            Some(usage) if !(0.0..=1.0).contains(&usage) => Err(format!(
+                "kv_cache_usage must be a number in 0..=1 (got {usage})"
+            )),
+            _ => Ok(()),
+        }
+    }
+
     pub fn apply(&self, current: EndpointMetrics) -> EndpointMetrics {
         EndpointMetrics {
             running_requests: self.running_requests.unwrap_or(current.running_requests),
@@ -101,57 +116,98 @@ pub struct ReplayOutput {
     pub decision: Option<DecisionRecord>,
 }
 
-/// A line that could not be read.
-#[derive(Debug)]
-pub struct InputError {
-    pub line: usize,
-    pub message: String,
-}
+pub use crate::jsonl::LineError as InputError;
 
-impl std::fmt::Display for InputError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "line {}: {}", self.line, self.message)
-    }
-}
-
-pub fn read_input(reader: impl BufRead) -> Result<Vec<ReplayLine>, InputError> {
+/// Reads replay input (JSONL; see [`crate::jsonl`]), checking each line on its own.
+pub fn read_input(bytes: &[u8]) -> Result<Vec<ReplayLine>, InputError> {
     let mut lines = Vec::new();
-    for (index, line) in reader.lines().enumerate() {
-        let number = index + 1;
-        let text = line.map_err(|e| InputError {
+    for entry in jsonl::content_lines(bytes) {
+        let (number, text) = entry?;
+        let fail = |message: String| InputError {
             line: number,
-            message: e.to_string(),
-        })?;
-        if text.trim().is_empty() || text.trim_start().starts_with('#') {
-            continue;
-        }
-        let parsed: ReplayLine = serde_json::from_str(&text).map_err(|e| InputError {
-            line: number,
-            message: e.to_string(),
-        })?;
+            message,
+        };
+        let mut parsed: ReplayLine = jsonl::parse_line(number, text)?;
+        parsed.line = number;
         let given = [
             parsed.tokens.is_some(),
             parsed.prompt.is_some(),
             parsed.messages.is_some(),
         ];
         if given.iter().filter(|g| **g).count() != 1 {
-            return Err(InputError {
-                line: number,
-                message: "give exactly one of `tokens`, `prompt` and `messages`".into(),
-            });
+            return Err(fail(
+                "give exactly one of `tokens`, `prompt` and `messages`".into(),
+            ));
         }
         if !parsed.arrival_ms.is_finite() || parsed.arrival_ms < 0.0 {
-            return Err(InputError {
-                line: number,
-                message: format!(
-                    "arrival_ms must be a finite number >= 0 (got {})",
-                    parsed.arrival_ms
-                ),
-            });
+            return Err(fail(format!(
+                "arrival_ms must be a finite number >= 0 (got {})",
+                parsed.arrival_ms
+            )));
+        }
+        if let Some(done) = parsed.completion_ms {
+            if !done.is_finite() || done < 0.0 {
+                return Err(fail(format!(
+                    "completion_ms must be a finite number >= 0 (got {done})"
+                )));
+            }
+        }
+        if let Some(updates) = &parsed.metrics {
+            for (endpoint, update) in updates {
+                update
+                    .check()
+                    .map_err(|e| fail(format!("metrics.{endpoint}.{e}")))?;
+            }
         }
         lines.push(parsed);
     }
     Ok(lines)
+}
+
+/// The id a line's request gets: its own, or `req-<n>` from its position among the requests.
+pub fn request_id(line: &ReplayLine, index: usize) -> String {
+    line.id.clone().unwrap_or_else(|| format!("req-{index}"))
+}
+
+/// Checks what needs the whole input and the fleet: request ids are unique (given ones and
+/// generated `req-<n>` alike, since in-flight accounting is keyed on them), and `metrics` name
+/// only endpoints the fleet has.
+pub fn check_input(input: &[ReplayLine], fleet: &Fleet) -> Result<(), InputError> {
+    let mut seen: HashMap<String, usize> = HashMap::with_capacity(input.len());
+    for (index, line) in input.iter().enumerate() {
+        let id = request_id(line, index);
+        if let Some(first) = seen.insert(id.clone(), line.line) {
+            let how = if line.id.is_some() {
+                ""
+            } else {
+                " (generated for a line without `id`)"
+            };
+            return Err(InputError {
+                line: line.line,
+                message: format!(
+                    "request id {id:?}{how} is already used on line {first}; ids must be unique"
+                ),
+            });
+        }
+        for endpoint in line.metrics.iter().flat_map(|m| m.keys()) {
+            if !fleet.endpoints.iter().any(|e| &e.id == endpoint) {
+                let known: Vec<&str> = fleet.endpoints.iter().map(|e| e.id.as_str()).collect();
+                return Err(InputError {
+                    line: line.line,
+                    message: format!(
+                        "metrics name endpoint {endpoint:?}, which the config does not have; \
+                         valid ids: {}",
+                        if known.is_empty() {
+                            "(none: add [[endpoints]] to the config)".to_string()
+                        } else {
+                            known.join(", ")
+                        }
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Replays `input` through the scheduler, writing one JSON line per request in decision
@@ -224,7 +280,7 @@ pub fn run(
                 .collect();
             scheduler.update_metrics(updated);
         }
-        let id = line.id.clone().unwrap_or_else(|| format!("req-{index}"));
+        let id = request_id(line, index);
         let request = Request {
             id: id.clone(),
             model: line.model.clone(),

@@ -384,9 +384,10 @@ pub fn replay_file(config: &Path, input: &Path) -> std::collections::BTreeMap<St
     };
     let registry = load_registry(&loaded, &options).expect("libraries load");
     let pipeline = build(&loaded, &registry, &options).expect("pipeline wires");
-    let file = std::fs::File::open(input).expect("input opens");
-    let lines = replay::read_input(std::io::BufReader::new(file)).expect("input parses");
+    let bytes = std::fs::read(input).expect("input reads");
+    let lines = replay::read_input(&bytes).expect("input parses");
     let fleet = replay::fleet_from_config(&loaded.config.endpoints);
+    replay::check_input(&lines, &fleet).expect("input fits the fleet");
     let mut scheduler = Scheduler::new(std::sync::Arc::new(pipeline), fleet, 0);
     let mut out = Vec::new();
     replay::run(&mut scheduler, &lines, false, &mut out).expect("replay runs");

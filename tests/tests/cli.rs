@@ -220,7 +220,7 @@ fn replay_names_a_bad_line_and_fails() {
     ]);
     assert!(!out.status.success());
     let err = stderr(&out);
-    assert!(err.contains("line 2"), "{err}");
+    assert!(err.contains("bad.jsonl:2: "), "{err}");
     assert!(err.contains("arrival"), "{err}");
     let _ = std::fs::remove_dir_all(dir);
 }

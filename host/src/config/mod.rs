@@ -6,6 +6,7 @@
 
 mod error;
 pub mod locate;
+mod values;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -228,7 +229,8 @@ impl LoadedConfig {
     pub fn parse(path: &Path, source: String) -> Result<LoadedConfig, ConfigError> {
         let config: Config = toml::from_str(&source).map_err(|e| {
             let line = e.span().map(|s| locate::line_at(&source, s.start));
-            ConfigError::new(path, e.message().trim().to_string()).at_line(line)
+            let written = e.span().and_then(|s| source.get(s)).unwrap_or("");
+            ConfigError::new(path, toml_message(e.message(), written)).at_line(line)
         })?;
         let mut loaded = LoadedConfig {
             path: path.to_path_buf(),
@@ -236,6 +238,7 @@ impl LoadedConfig {
             config,
         };
         loaded.apply_defaults();
+        loaded.check_values()?;
         loaded.check_names()?;
         Ok(loaded)
     }
@@ -433,6 +436,24 @@ pub fn library_file_name(name: &str) -> String {
         name,
         std::env::consts::DLL_SUFFIX
     )
+}
+
+/// The TOML library's message in the words of this file's other errors: a datetime where a
+/// number or string belongs is called a datetime (the library calls it a map).
+fn toml_message(message: &str, written: &str) -> String {
+    let message = message.trim();
+    let looks_like_datetime = {
+        let b = written.trim().as_bytes();
+        (b.len() >= 10 && b[..4].iter().all(u8::is_ascii_digit) && b[4] == b'-')
+            || (b.len() >= 8 && b[..2].iter().all(u8::is_ascii_digit) && b[2] == b':')
+    };
+    if looks_like_datetime && message.starts_with("invalid type: map") {
+        let expected = message
+            .split_once(", expected ")
+            .map_or(String::new(), |(_, e)| format!(" (expected {e})"));
+        return format!("a datetime is not valid here{expected}; quote it if it is meant as text");
+    }
+    message.to_string()
 }
 
 /// Converts plugin parameters to the JSON the plugin decodes.

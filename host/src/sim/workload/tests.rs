@@ -241,6 +241,21 @@ fn invalid_parameters_name_field_value_and_range() {
 }
 
 #[test]
+fn trace_comments_byte_order_mark_and_invalid_utf8_are_handled_like_replay_input() {
+    let bytes =
+        b"\xEF\xBB\xBF# a trace\n{\"arrival_ms\": 0, \"tokens\": [1], \"output_tokens\": 1}\n";
+    let w = super::trace::parse_trace_bytes(bytes).unwrap();
+    assert_eq!(w.len(), 1);
+    let error = super::trace::parse_trace_bytes(b"# ok\n{\"prompt\": \"\xff\"}\n").unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .starts_with("trace line 2: not valid UTF-8"),
+        "{error}"
+    );
+}
+
+#[test]
 fn trace_lines_become_requests_in_arrival_order() {
     let text = r#"{"arrival_ms": 5, "model": "m", "prompt": "hello world", "output_tokens": 3}
 

@@ -1,12 +1,13 @@
 //! JSONL request traces: one request per line.
 //!
-//! Each non-blank line is an object with `arrival_ms` (≥ 0), `output_tokens` (≥ 1), exactly
-//! one of `tokens` (token ids) or `prompt` (text, turned into tokens by [`prompt_to_tokens`]),
-//! and optionally `model` and `cache_salt` (default empty), `group` (default 0) and `step`
+//! Each line (blank lines and `#` comments aside; see [`crate::jsonl`]) is an object with
+//! `arrival_ms` (≥ 0), `output_tokens` (≥ 1), exactly one of `tokens` (token ids) or `prompt`
+//! (text, turned into tokens by [`prompt_to_tokens`]), and optionally `model` and `cache_salt` (default empty), `group` (default 0) and `step`
 //! (default none). Unknown keys are refused. Requests are ordered by arrival (ties keep file
 //! order) and numbered from 0.
 
 use super::number_by_arrival;
+use crate::jsonl;
 use crate::sim::router::SimRequest;
 use serde::Deserialize;
 use std::fmt;
@@ -63,38 +64,32 @@ struct TraceLine {
 }
 
 /// The token estimate of a text prompt: its UTF-8 bytes, zero-padded to a multiple of 4, read
-/// as little-endian `u32`s.
+/// as little-endian `u32`s (the host's tokenizer estimate).
 pub fn prompt_to_tokens(prompt: &str) -> Vec<u32> {
-    prompt
-        .as_bytes()
-        .chunks(4)
-        .map(|chunk| {
-            let mut word = [0u8; 4];
-            word[..chunk.len()].copy_from_slice(chunk);
-            u32::from_le_bytes(word)
-        })
-        .collect()
+    crate::pipeline::tokenize::pack_bytes(prompt.as_bytes())
 }
 
 /// Reads a JSONL trace file.
 pub fn read_trace(path: &Path) -> Result<Vec<SimRequest>, TraceError> {
-    let text = std::fs::read_to_string(path).map_err(|source| TraceError::Io {
+    let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
         path: path.to_path_buf(),
         source,
     })?;
-    parse_trace(&text)
+    parse_trace_bytes(&bytes)
 }
 
 /// Parses JSONL trace text; the first bad line is reported with its number.
 pub fn parse_trace(text: &str) -> Result<Vec<SimRequest>, TraceError> {
+    parse_trace_bytes(text.as_bytes())
+}
+
+/// Parses JSONL trace bytes (see [`crate::jsonl`] for comments, byte-order marks and UTF-8).
+pub fn parse_trace_bytes(bytes: &[u8]) -> Result<Vec<SimRequest>, TraceError> {
     let mut requests = Vec::new();
-    for (index, raw) in text.lines().enumerate() {
-        if raw.trim().is_empty() {
-            continue;
-        }
-        let line = index + 1;
+    for entry in jsonl::content_lines(bytes) {
+        let (line, raw) = entry.map_err(TraceError::from)?;
         let fail = |message: String| TraceError::Line { line, message };
-        let parsed: TraceLine = serde_json::from_str(raw).map_err(|e| fail(json_message(&e)))?;
+        let parsed: TraceLine = jsonl::parse_line(line, raw)?;
         if !(parsed.arrival_ms.is_finite() && parsed.arrival_ms >= 0.0) {
             return Err(fail(format!(
                 "arrival_ms must be a finite number >= 0 (got {})",
@@ -133,12 +128,11 @@ pub fn parse_trace(text: &str) -> Result<Vec<SimRequest>, TraceError> {
     Ok(number_by_arrival(requests))
 }
 
-/// serde_json's message with the column, without its "line 1" (each line is its own document).
-fn json_message(e: &serde_json::Error) -> String {
-    let text = e.to_string();
-    let bare = match text.rfind(" at line ") {
-        Some(i) => &text[..i],
-        None => text.as_str(),
-    };
-    format!("{bare} (column {})", e.column())
+impl From<jsonl::LineError> for TraceError {
+    fn from(e: jsonl::LineError) -> Self {
+        TraceError::Line {
+            line: e.line,
+            message: e.message,
+        }
+    }
 }

@@ -1,0 +1,115 @@
+//! Line-oriented JSON input, as `replay` requests and `simulate` traces are written: one JSON
+//! object per line, blank lines and lines starting with `#` skipped, a UTF-8 byte-order mark at
+//! the start of the file accepted. Errors carry the file's line number only.
+
+use std::path::Path;
+
+/// A line that could not be read, numbered from 1.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LineError {
+    pub line: usize,
+    pub message: String,
+}
+
+impl std::fmt::Display for LineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "line {}: {}", self.line, self.message)
+    }
+}
+
+const BYTE_ORDER_MARK: &[u8] = b"\xEF\xBB\xBF";
+
+/// The content lines of `bytes` with their numbers; a line that is not UTF-8 is an error.
+pub fn content_lines(bytes: &[u8]) -> impl Iterator<Item = Result<(usize, &str), LineError>> {
+    let bytes = bytes.strip_prefix(BYTE_ORDER_MARK).unwrap_or(bytes);
+    bytes
+        .split(|b| *b == b'\n')
+        .enumerate()
+        .filter_map(|(index, raw)| {
+            let line = index + 1;
+            let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+            match std::str::from_utf8(raw) {
+                Ok(text) => {
+                    let trimmed = text.trim_start();
+                    (!trimmed.is_empty() && !trimmed.starts_with('#')).then_some(Ok((line, text)))
+                }
+                Err(e) => Some(Err(LineError {
+                    line,
+                    message: format!(
+                        "not valid UTF-8 (at byte {} of the line); save the file as UTF-8",
+                        e.valid_up_to() + 1
+                    ),
+                })),
+            }
+        })
+}
+
+/// Parses one line as `T`; the message names the column, not serde_json's "line 1".
+pub fn parse_line<T: serde::de::DeserializeOwned>(line: usize, text: &str) -> Result<T, LineError> {
+    serde_json::from_str(text).map_err(|e| LineError {
+        line,
+        message: json_message(&e),
+    })
+}
+
+/// serde_json's message with the column, without its own line number (each line is its own
+/// document, so that number is always 1).
+pub fn json_message(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let bare = match text.rfind(" at line ") {
+        Some(i) => &text[..i],
+        None => text.as_str(),
+    };
+    format!("{bare} (column {})", e.column())
+}
+
+/// Whether `output` names the same file as `input` (an existing file reached by another path
+/// included), so writing it would destroy the input before it was read.
+pub fn same_file(input: &Path, output: &Path) -> bool {
+    match (std::fs::canonicalize(input), std::fs::canonicalize(output)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn numbers(bytes: &[u8]) -> Vec<Result<(usize, String), LineError>> {
+        content_lines(bytes)
+            .map(|r| r.map(|(n, t)| (n, t.to_string())))
+            .collect()
+    }
+
+    #[test]
+    fn skips_blank_and_comment_lines_and_keeps_file_numbers() {
+        let got = numbers(b"{\"a\":1}\n\n  # note\r\n{\"b\":2}\r\n");
+        assert_eq!(
+            got,
+            vec![Ok((1, "{\"a\":1}".into())), Ok((4, "{\"b\":2}".into()))]
+        );
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_accepted() {
+        let got = numbers(b"\xEF\xBB\xBF{\"a\":1}\n");
+        assert_eq!(got, vec![Ok((1, "{\"a\":1}".into()))]);
+    }
+
+    #[test]
+    fn invalid_utf8_names_its_line() {
+        let got = numbers(b"{}\n{\"a\":\"\xff\"}\n");
+        let error = got[1].clone().unwrap_err();
+        assert_eq!(error.line, 2);
+        assert!(error.message.contains("UTF-8"), "{error}");
+    }
+
+    #[test]
+    fn json_errors_carry_the_column_only() {
+        let error = parse_line::<serde_json::Value>(7, "{\"a\": }").unwrap_err();
+        assert_eq!(error.line, 7);
+        assert!(!error.message.contains("line 1"), "{error}");
+        assert!(error.message.contains("column 7"), "{error}");
+    }
+}
