@@ -1,10 +1,13 @@
 //! The effective configuration `switchyard check` prints: every plugin with its parameters
 //! (documented defaults filled in), the producers created automatically, the producer order
-//! and the resolved profile.
+//! and the resolved profile, libraries and endpoints included: the output is itself a config
+//! that `check` accepts and renders the same.
 
 use std::fmt::Write;
 
-use crate::config::LoadedConfig;
+use std::path::Path;
+
+use crate::config::{is_library_path, EndpointConfig, LoadedConfig};
 use crate::pipeline::Pipeline;
 use crate::plugins::Registry;
 
@@ -20,6 +23,28 @@ pub fn render(config: &LoadedConfig, registry: &Registry, pipeline: &Pipeline) -
         "allow_experimental_plugins = {}",
         config.config.allow_experimental_plugins
     );
+    // Paths resolved against the config's directory, so the output works from anywhere.
+    let base = config.base_dir();
+    let libraries: Vec<String> = config
+        .config
+        .libraries
+        .iter()
+        .map(|entry| {
+            if is_library_path(entry) {
+                toml_string(&absolute(&base.join(entry)))
+            } else {
+                toml_string(entry)
+            }
+        })
+        .collect();
+    let _ = writeln!(out, "libraries = [{}]", libraries.join(", "));
+    let plugin_dirs: Vec<String> = config
+        .config
+        .plugin_dirs
+        .iter()
+        .map(|dir| toml_string(&absolute(&base.join(dir))))
+        .collect();
+    let _ = writeln!(out, "plugin_dirs = [{}]", plugin_dirs.join(", "));
     for plugin in &pipeline.plugins {
         let _ = writeln!(out, "\n[[plugins]]");
         let _ = writeln!(out, "type = {}", toml_string(&plugin.type_name));
@@ -106,10 +131,28 @@ pub fn render(config: &LoadedConfig, registry: &Registry, pipeline: &Pipeline) -
             let _ = write!(out, "\n[{table}]\n{text}");
         }
     }
+    if !config.config.endpoints.is_empty() {
+        #[derive(serde::Serialize)]
+        struct Endpoints<'a> {
+            endpoints: &'a [EndpointConfig],
+        }
+        if let Ok(text) = toml::to_string(&Endpoints {
+            endpoints: &config.config.endpoints,
+        }) {
+            let _ = write!(out, "\n{text}");
+        }
+    }
     let _ = writeln!(out, "\n# producer order: {}", names(&pipeline.producers));
     let keys: Vec<String> = pipeline.rows.iter().map(|k| k.to_string()).collect();
     let _ = writeln!(out, "# data keys: {}", keys.join(", "));
     out
+}
+
+fn absolute(path: &Path) -> String {
+    std::fs::canonicalize(path)
+        .unwrap_or_else(|_| path.to_path_buf())
+        .display()
+        .to_string()
 }
 
 fn toml_string(text: &str) -> String {

@@ -264,3 +264,59 @@ fn simulate_writes_a_report_per_pipeline() {
     assert!(dir.join("report.html").exists());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The effective config as data: comments (the header naming the file, `# default` marks,
+/// sources) and number spellings do not count.
+fn effective_table(text: &str) -> toml::Table {
+    text.parse()
+        .unwrap_or_else(|e| panic!("check printed invalid TOML: {e}\n{text}"))
+}
+
+#[test]
+fn check_output_is_a_config_that_checks_the_same_for_every_example() {
+    let dir = temp_dir("round-trip");
+    let mut examples: Vec<PathBuf> = std::fs::read_dir(workspace_root().join("configs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    examples.sort();
+    assert!(examples.len() >= 3);
+    for example in examples {
+        let first = run(&[
+            "check",
+            "--config",
+            example.to_str().unwrap(),
+            "--plugin-dir",
+            &plugin_dir_arg(),
+        ]);
+        assert!(
+            first.status.success(),
+            "{}: {}",
+            example.display(),
+            stderr(&first)
+        );
+        let saved = dir.join(example.file_name().unwrap());
+        std::fs::write(&saved, &first.stdout).unwrap();
+        let second = run(&[
+            "check",
+            "--config",
+            saved.to_str().unwrap(),
+            "--plugin-dir",
+            &plugin_dir_arg(),
+        ]);
+        assert!(
+            second.status.success(),
+            "{} does not check: {}",
+            saved.display(),
+            stderr(&second)
+        );
+        assert_eq!(
+            effective_table(&stdout(&first)),
+            effective_table(&stdout(&second)),
+            "{}",
+            example.display()
+        );
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
