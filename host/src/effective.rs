@@ -45,6 +45,12 @@ pub fn render(config: &LoadedConfig, registry: &Registry, pipeline: &Pipeline) -
         .map(|dir| toml_string(&absolute(&base.join(dir))))
         .collect();
     let _ = writeln!(out, "plugin_dirs = [{}]", plugin_dirs.join(", "));
+    let given_parameters: std::collections::HashMap<&str, &Option<toml::Table>> = config
+        .config
+        .plugins
+        .iter()
+        .map(|p| (p.name.as_str(), &p.parameters))
+        .collect();
     for plugin in &pipeline.plugins {
         let _ = writeln!(out, "\n[[plugins]]");
         let _ = writeln!(out, "type = {}", toml_string(&plugin.type_name));
@@ -61,12 +67,9 @@ pub fn render(config: &LoadedConfig, registry: &Registry, pipeline: &Pipeline) -
                 ""
             }
         );
-        let given = config
-            .config
-            .plugins
-            .iter()
-            .find(|p| p.name == plugin.name)
-            .and_then(|p| p.parameters.clone())
+        let given = given_parameters
+            .get(plugin.name.as_str())
+            .and_then(|p| (*p).clone())
             .unwrap_or_default();
         let docs = registry
             .get(&plugin.type_name)

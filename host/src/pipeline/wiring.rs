@@ -314,45 +314,60 @@ fn order_producers(
     let producers: Vec<usize> = (0..plugins.len())
         .filter(|&i| plugins[i].kind == PluginKind::Producer)
         .collect();
-    let mut depends_on: HashMap<usize, BTreeSet<usize>> = HashMap::new();
+    let mut producers_of_row: HashMap<u32, Vec<usize>> = HashMap::new();
+    for &p in &producers {
+        for &row in &plugins[p].produced_rows {
+            producers_of_row.entry(row).or_default().push(p);
+        }
+    }
+    // Kahn's algorithm, always taking the ready producer that comes first in the config.
+    let mut waiting_on: HashMap<usize, usize> = HashMap::new();
+    let mut dependents: HashMap<usize, Vec<usize>> = HashMap::new();
     for &consumer in &producers {
-        let rows: BTreeSet<u32> = plugins[consumer].consumed_rows.iter().copied().collect();
-        let deps = producers
+        let deps: BTreeSet<usize> = plugins[consumer]
+            .consumed_rows
             .iter()
+            .filter_map(|row| producers_of_row.get(row))
+            .flatten()
             .copied()
             .filter(|&p| p != consumer)
-            .filter(|&p| plugins[p].produced_rows.iter().any(|r| rows.contains(r)))
             .collect();
-        depends_on.insert(consumer, deps);
+        waiting_on.insert(consumer, deps.len());
+        for dep in deps {
+            dependents.entry(dep).or_default().push(consumer);
+        }
     }
+    let mut ready: BTreeSet<usize> = producers
+        .iter()
+        .copied()
+        .filter(|p| waiting_on[p] == 0)
+        .collect();
     let mut order = Vec::with_capacity(producers.len());
-    let mut done = BTreeSet::new();
-    while order.len() < producers.len() {
-        let next = producers
-            .iter()
-            .copied()
-            .find(|p| !done.contains(p) && depends_on[p].iter().all(|d| done.contains(d)));
-        match next {
-            Some(p) => {
-                done.insert(p);
-                order.push(p);
-            }
-            None => {
-                let cycle: Vec<String> = producers
-                    .iter()
-                    .filter(|p| !done.contains(*p))
-                    .map(|&p| plugins[p].label())
-                    .collect();
-                return Err(ConfigError::new(
-                    &config.path,
-                    format!(
-                        "producers depend on each other in a cycle: {}; break it by changing \
-                         which producer one of them reads",
-                        cycle.join(" -> ")
-                    ),
-                ));
+    while let Some(next) = ready.pop_first() {
+        order.push(next);
+        for &dependent in dependents.get(&next).into_iter().flatten() {
+            let count = waiting_on.get_mut(&dependent).expect("every producer counted");
+            *count -= 1;
+            if *count == 0 {
+                ready.insert(dependent);
             }
         }
+    }
+    if order.len() < producers.len() {
+        let placed: BTreeSet<usize> = order.iter().copied().collect();
+        let cycle: Vec<String> = producers
+            .iter()
+            .filter(|p| !placed.contains(*p))
+            .map(|&p| plugins[p].label())
+            .collect();
+        return Err(ConfigError::new(
+            &config.path,
+            format!(
+                "producers depend on each other in a cycle: {}; break it by changing \
+                 which producer one of them reads",
+                cycle.join(" -> ")
+            ),
+        ));
     }
     Ok(order)
 }
@@ -374,13 +389,18 @@ fn resolve_profile(
             None
         }
     };
+    let by_name: HashMap<String, usize> = plugins
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.name.clone(), i))
+        .collect();
     let find = |plugins: &[WiredPlugin], name: &str, role: PluginKind, key: &str| {
         let error = |message: String| {
             ConfigError::new(&config.path, message)
                 .at_line(line(key))
                 .field(format!("profiles.{key}"))
         };
-        let Some(index) = plugins.iter().position(|p| p.name == name) else {
+        let Some(&index) = by_name.get(name) else {
             let configured: Vec<&str> = plugins.iter().map(|p| p.name.as_str()).collect();
             return Err(error(format!(
                 "profile '{}' names '{name}' as a {role}, but no plugin has that name \
