@@ -125,37 +125,57 @@ struct ProfileRef {
     weight: Option<f64>,
 }
 
-fn api_version<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
-    let value = String::deserialize(deserializer)?;
-    if API_VERSIONS.contains(&value.as_str()) {
-        Ok(value)
-    } else {
-        Err(de::Error::custom(format!(
-            "apiVersion must be one of {} (got \"{value}\")",
-            API_VERSIONS.join(", ")
-        )))
+/// Reads a string and checks it while the deserializer still knows where it is, so a refusal
+/// carries the value's line.
+struct CheckedStr(fn(&str) -> Result<(), String>);
+
+impl<'de> de::Visitor<'de> for CheckedStr {
+    type Value = String;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a string")
     }
+
+    fn visit_str<E: de::Error>(self, value: &str) -> Result<String, E> {
+        (self.0)(value).map_err(E::custom)?;
+        Ok(value.to_string())
+    }
+}
+
+fn api_version<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    deserializer.deserialize_str(CheckedStr(|value| {
+        if API_VERSIONS.contains(&value) {
+            Ok(())
+        } else {
+            Err(format!(
+                "apiVersion must be one of {} (got \"{value}\")",
+                API_VERSIONS.join(", ")
+            ))
+        }
+    }))
 }
 
 fn kind<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
-    let value = String::deserialize(deserializer)?;
-    if value == "EndpointPickerConfig" {
-        Ok(value)
-    } else {
-        Err(de::Error::custom(format!(
-            "kind must be EndpointPickerConfig (got \"{value}\"); only endpoint picker \
-             configs can be imported"
-        )))
-    }
+    deserializer.deserialize_str(CheckedStr(|value| {
+        if value == "EndpointPickerConfig" {
+            Ok(())
+        } else {
+            Err(format!(
+                "kind must be EndpointPickerConfig (got \"{value}\"); only endpoint picker \
+                 configs can be imported"
+            ))
+        }
+    }))
 }
 
 fn non_empty<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
-    let value = String::deserialize(deserializer)?;
-    if value.trim().is_empty() {
-        Err(de::Error::custom("must not be empty"))
-    } else {
-        Ok(value)
-    }
+    deserializer.deserialize_str(CheckedStr(|value| {
+        if value.trim().is_empty() {
+            Err("must not be empty".into())
+        } else {
+            Ok(())
+        }
+    }))
 }
 
 /// Parses the YAML, naming the file and line of the first problem.
@@ -951,7 +971,8 @@ mod tests {
             missing_type.starts_with("epp.yaml:6: plugins[1]: missing field `type`"),
             "{missing_type}"
         );
-        let bad_yaml = error("apiVersion: llm-d.ai/v1alpha1\nkind: [\n");
+        let bad_yaml =
+            error("apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins: a: b\n");
         assert!(bad_yaml.starts_with("epp.yaml:3:"), "{bad_yaml}");
         let unknown = error(
             "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nschedulingProfile: []\n",
