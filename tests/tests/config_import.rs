@@ -111,6 +111,22 @@ fn the_reference_example_pipelines_import_and_pass_check() {
     );
     assert!(check.contains("\nminColocateBlocks = 0\n"), "{check}");
 
+    // A scorer of the approximate producer the reference creates by itself brings that
+    // producer's library along.
+    let (toml, check) = import_and_check("reference-prefix-only");
+    assert!(
+        toml.contains(
+            "    \"approx_prefix_cache_producer\",  # for approx-prefix-cache-producer, which \
+             'prefix-cache-scorer' requires and the pipeline creates by itself"
+        ),
+        "{toml}"
+    );
+    assert!(
+        toml.contains("# not mapped: plugin 'models-responder' (type models-responder): `switchyard serve` answers GET /v1/models itself"),
+        "{toml}"
+    );
+    assert!(check.contains(", created automatically"), "{check}");
+
     let (toml, check) = import_and_check("reference-approx");
     assert!(toml.contains("maxPrefixTokensToMatch = 4096\n"), "{toml}");
     assert!(

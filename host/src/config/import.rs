@@ -94,7 +94,7 @@ struct PluginSpec {
     name: Option<String>,
     #[serde(rename = "type", deserialize_with = "non_empty")]
     type_name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "parameters")]
     parameters: Option<Yaml>,
 }
 
@@ -168,6 +168,33 @@ fn kind<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> 
     }))
 }
 
+/// A plugin's `parameters`: a mapping, or nothing.
+fn parameters<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Yaml>, D::Error> {
+    struct Parameters;
+
+    impl<'de> de::Visitor<'de> for Parameters {
+        type Value = Option<Yaml>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a mapping of parameter names to values")
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+
+        fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            Yaml::deserialize(de::value::MapAccessDeserializer::new(map)).map(Some)
+        }
+    }
+
+    deserializer.deserialize_any(Parameters)
+}
+
 fn non_empty<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
     deserializer.deserialize_str(CheckedStr(|value| {
         if value.trim().is_empty() {
@@ -200,6 +227,20 @@ fn parse(file: &Path, text: &str) -> Result<EppConfig, ConfigError> {
     })
 }
 
+/// The line of the second `name: <name>` in the text, where a duplicate name is given
+/// explicitly.
+fn second_name_line(text: &str, name: &str) -> Option<usize> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| {
+            let line = line.trim_start().trim_start_matches("- ").trim();
+            line.strip_prefix("name:")
+                .is_some_and(|value| value.trim().trim_matches(|c| c == '"' || c == '\'') == name)
+        })
+        .nth(1)
+        .map(|(index, _)| index + 1)
+}
+
 /// A reason for leaving out a plugin type that has no switchyard equivalent.
 fn unmapped_type_reason(type_name: &str) -> String {
     match type_name {
@@ -218,6 +259,12 @@ fn unmapped_type_reason(type_name: &str) -> String {
                                    completions and chat, /inference/v1/generate with token_ids); \
                                    there are no parser plugins"
             .into(),
+        "decode-filter" => "switchyard has no role filter; the reference's decode-filter keeps \
+                            endpoints whose llm-d.ai/role label is decode, prefill-decode, both \
+                            or encode-prefill-decode, or that have no role label, so in a fleet \
+                            without roles it keeps every endpoint"
+            .into(),
+        "models-responder" => "`switchyard serve` answers GET /v1/models itself".into(),
         "metrics-data-source" | "core-metrics-extractor" => "switchyard scrapes each endpoint's \
                                                               /metrics itself ([fleet] \
                                                               scrape_interval_ms); there are no \
@@ -372,7 +419,7 @@ fn standard_registry(
 pub fn import(file: &Path, text: &str, options: &ImportOptions) -> Result<Imported, ConfigError> {
     let epp = parse(file, text)?;
     let mut seen = BTreeSet::new();
-    for plugin in &epp.plugins {
+    for (index, plugin) in epp.plugins.iter().enumerate() {
         if !seen.insert(plugin.instance_name()) {
             return Err(ConfigError::new(
                 file,
@@ -382,7 +429,8 @@ pub fn import(file: &Path, text: &str, options: &ImportOptions) -> Result<Import
                     plugin.instance_name()
                 ),
             )
-            .field("plugins.name"));
+            .at_line(second_name_line(text, plugin.instance_name()))
+            .field(format!("plugins[{index}].name")));
         }
     }
     let (registry, library_of) =
@@ -471,49 +519,33 @@ pub fn import(file: &Path, text: &str, options: &ImportOptions) -> Result<Import
             .iter()
             .map(|p| p.name.as_str())
             .collect();
-        match &spec.parameters {
-            None | Some(Yaml::Null) => {}
-            Some(Yaml::Mapping(map)) => {
-                for (key, value) in map {
-                    let key_text = key
-                        .as_str()
-                        .map(String::from)
-                        .unwrap_or_else(|| yaml_inline(key));
-                    let what = format!("parameter {key_text}");
-                    if !known.contains(&key_text.as_str()) {
-                        let why = if known.is_empty() {
-                            format!("switchyard's {type_name} takes no parameters")
-                        } else {
-                            format!(
-                                "switchyard's {type_name} has no such parameter (it has: {})",
-                                known.join(", ")
-                            )
-                        };
-                        mapped
-                            .comments
-                            .extend(out.not_mapped(&what, &why, Some(value)));
-                        continue;
-                    }
-                    match to_toml(value) {
-                        Ok(v) => mapped.parameters.push((key_text, v)),
-                        Err(why) => {
-                            mapped
-                                .comments
-                                .extend(out.not_mapped(&what, &why, Some(value)))
-                        }
-                    }
+        if let Some(Yaml::Mapping(map)) = &spec.parameters {
+            for (key, value) in map {
+                let key_text = key
+                    .as_str()
+                    .map(String::from)
+                    .unwrap_or_else(|| yaml_inline(key));
+                let what = format!("parameter {key_text}");
+                if !known.contains(&key_text.as_str()) {
+                    let why = if known.is_empty() {
+                        format!("switchyard's {type_name} takes no parameters")
+                    } else {
+                        format!(
+                            "switchyard's {type_name} has no such parameter (it has: {})",
+                            known.join(", ")
+                        )
+                    };
+                    mapped
+                        .comments
+                        .extend(out.not_mapped(&what, &why, Some(value)));
+                    continue;
                 }
-            }
-            Some(other) => {
-                return Err(ConfigError::new(
-                    file,
-                    format!(
-                        "plugin '{}': `parameters` must be a mapping (got {})",
-                        mapped.name,
-                        yaml_inline(other)
-                    ),
-                )
-                .field("plugins.parameters"));
+                match to_toml(value) {
+                    Ok(v) => mapped.parameters.push((key_text, v)),
+                    Err(why) => mapped
+                        .comments
+                        .extend(out.not_mapped(&what, &why, Some(value))),
+                }
             }
         }
         entries.push(Entry::Plugin(mapped));
@@ -982,6 +1014,30 @@ mod tests {
             "{unknown}"
         );
         assert!(error("\n").contains("the file is empty"));
+        let parameters = error(
+            "apiVersion: llm-d.ai/v1\nkind: EndpointPickerConfig\nplugins:\n- type: a\n  \
+             parameters: 5\n",
+        );
+        assert!(
+            parameters.starts_with(
+                "epp.yaml:5: plugins[0].parameters: invalid type: integer `5`, expected a \
+                 mapping of parameter names to values"
+            ),
+            "{parameters}"
+        );
+    }
+
+    #[test]
+    fn a_duplicate_name_points_at_its_second_use() {
+        let text = "apiVersion: llm-d.ai/v1\nkind: EndpointPickerConfig\nplugins:\n- name: x\n  \
+                    type: queue-scorer\n- type: load-aware-scorer\n  name: \"x\"\n";
+        let error = import(Path::new("epp.yaml"), text, &ImportOptions::default())
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            error.starts_with("epp.yaml:7: plugins[1].name: duplicate plugin name 'x'"),
+            "{error}"
+        );
     }
 
     #[test]
