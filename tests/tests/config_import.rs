@@ -102,7 +102,7 @@ fn the_reference_example_pipelines_import_and_pass_check() {
         "{toml}"
     );
     assert!(
-        toml.contains("# not mapped: plugin 'decode-filter' (type decode-filter): switchyard has no plugin type 'decode-filter'"),
+        toml.contains("# not mapped: plugin 'decode-filter' (type decode-filter): switchyard has no role filter; the reference's decode-filter keeps"),
         "{toml}"
     );
     assert!(
