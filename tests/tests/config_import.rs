@@ -218,6 +218,9 @@ fn unmappable_pieces_become_comments_saying_why() {
         "# not mapped: plugin 'utilization-detector' (type utilization-detector)",
         "# not mapped: profile entry 'approx-prefix-cache-producer': it is a producer",
         "# not mapped: profile entry 'session-affinity-scorer': its plugin is not mapped",
+        "# not mapped: dataLayer.discovery: it does not name a file-discovery plugin of this file",
+        "# not mapped: plugin 'custom-discovery' (type custom-discovery)",
+        "# No file discovery: the reference then watches an InferencePool",
     ] {
         assert!(toml.contains(expected), "missing {expected:?} in\n{toml}");
     }
@@ -235,7 +238,7 @@ fn unmappable_pieces_become_comments_saying_why() {
     assert!(imported.status.success(), "{}", stderr(&imported));
     assert_eq!(stdout(&imported), toml);
     assert!(
-        stderr(&imported).contains("8 item(s) not mapped"),
+        stderr(&imported).contains("10 item(s) not mapped"),
         "{}",
         stderr(&imported)
     );

@@ -446,14 +446,21 @@ pub fn import(file: &Path, text: &str, options: &ImportOptions) -> Result<Import
         .and_then(|d| d.get("pluginRef"))
         .and_then(Yaml::as_str)
         .map(String::from);
+    let file_discovery_named = epp.plugins.iter().any(|p| {
+        p.type_name == "file-discovery" && discovery_ref.as_deref() == Some(p.instance_name())
+    });
     let mut discovery_file: Option<(String, Vec<String>)> = None;
     if let Some(layer) = data_layer {
         for (key, value) in layer {
             let key = key.as_str().unwrap_or_default();
-            if key == "discovery" && discovery_ref.is_some() {
+            if key == "discovery" && file_discovery_named {
                 continue;
             }
             let why = match key {
+                "discovery" => {
+                    "it does not name a file-discovery plugin of this file; switchyard finds \
+                     endpoints in [[endpoints]] or a discovery file ([fleet] discovery_file) only"
+                }
                 "sources" => {
                     "switchyard scrapes each endpoint's /metrics itself ([fleet] \
                               scrape_interval_ms); data sources and extractors are not plugins"
@@ -672,6 +679,14 @@ pub fn import(file: &Path, text: &str, options: &ImportOptions) -> Result<Import
             let _ = writeln!(toml, "{note}");
         }
         let _ = writeln!(toml, "discovery_file = {}\n", toml_str(path));
+    }
+    if discovery_file.is_none() {
+        let _ = writeln!(
+            toml,
+            "# No file discovery: the reference then watches an InferencePool through the \
+             Kubernetes API,\n# which switchyard does not. List the model servers in \
+             [[endpoints]] or set [fleet] discovery_file.\n"
+        );
     }
     if !general.is_empty() {
         for line in &general {
