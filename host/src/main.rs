@@ -231,6 +231,7 @@ fn run(command: Command) -> Result<(), String> {
             let options = switchyard::config::import::ImportOptions {
                 profile,
                 plugin_dirs,
+                output: output.clone(),
             };
             config_import(&file, output.as_deref(), force, &options)
         }

@@ -303,7 +303,7 @@ fn input_errors_name_the_file_line_and_field() {
             "kind.yaml",
             "apiVersion: llm-d.ai/v1alpha1\nkind: InferencePool\nplugins: []\n",
             ":2:",
-            "kind must be EndpointPickerConfig (got \"InferencePool\")",
+            "kind: must be EndpointPickerConfig (got \"InferencePool\")",
         ),
         (
             "type.yaml",
@@ -379,4 +379,43 @@ fn the_output_file_is_never_the_input_nor_overwritten_unasked() {
         "{text}"
     );
     assert!(Path::new(&output).exists());
+}
+
+#[test]
+fn a_value_switchyard_refuses_fails_the_import_naming_it() {
+    let dir = temp_dir("value");
+    let input = dir.join("epp.yaml");
+    std::fs::write(
+        &input,
+        "apiVersion: llm-d.ai/v1alpha1\nkind: EndpointPickerConfig\nplugins:\n- type: \
+         burst-prefix-cache-producer\n  parameters:\n    windowDurationMs: 20000\n- type: \
+         prefix-cache-scorer\n  parameters:\n    prefixMatchInfoProducerName: \
+         burst-prefix-cache-producer\n",
+    )
+    .expect("written");
+    let output = dir.join("epp.toml");
+    let refused = run(&[
+        "config",
+        "import",
+        &input.display().to_string(),
+        "--output",
+        &output.display().to_string(),
+    ]);
+    assert!(!refused.status.success());
+    let message = stderr(&refused);
+    assert!(
+        message.contains(&format!(
+            "no valid switchyard pipeline could be formed: the imported pipeline does not \
+             build: {}:",
+            output.display()
+        )),
+        "{message}"
+    );
+    assert!(
+        message.contains("windowDurationMs must be in 1..=10000 (got 20000)"),
+        "{message}"
+    );
+    // The value is kept as given in the best-effort file, not replaced.
+    let text = std::fs::read_to_string(&output).expect("best effort written");
+    assert!(text.contains("windowDurationMs = 20000\n"), "{text}");
 }

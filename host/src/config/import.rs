@@ -58,6 +58,9 @@ pub struct ImportOptions {
     pub profile: Option<String>,
     /// Where the plugin libraries are looked up (as for `check`).
     pub plugin_dirs: Vec<std::path::PathBuf>,
+    /// Where the TOML goes, to name it in messages about its lines (standard output when
+    /// none).
+    pub output: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -148,7 +151,7 @@ fn api_version<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::
             Ok(())
         } else {
             Err(format!(
-                "apiVersion must be one of {} (got \"{value}\")",
+                "must be one of {} (got \"{value}\")",
                 API_VERSIONS.join(", ")
             ))
         }
@@ -161,7 +164,7 @@ fn kind<'de, D: Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> 
             Ok(())
         } else {
             Err(format!(
-                "kind must be EndpointPickerConfig (got \"{value}\"); only endpoint picker \
+                "must be EndpointPickerConfig (got \"{value}\"); only endpoint picker \
                  configs can be imported"
             ))
         }
@@ -981,7 +984,11 @@ fn default_producer_libraries(
 
 /// Builds the imported text as a pipeline, as `switchyard check` would.
 fn validate(toml: &str, options: &ImportOptions) -> Result<(), String> {
-    let loaded = LoadedConfig::parse(Path::new("imported.toml"), toml.to_string())
+    let name = options
+        .output
+        .clone()
+        .unwrap_or_else(|| std::path::PathBuf::from("<stdout>"));
+    let loaded = LoadedConfig::parse(&name, toml.to_string())
         .map_err(|e| format!("the imported TOML does not load: {e}"))?;
     let options = Options {
         allow_experimental_plugins: false,
@@ -1007,7 +1014,7 @@ mod tests {
     fn input_errors_name_file_line_and_field() {
         let wrong_kind = error("apiVersion: llm-d.ai/v1alpha1\nkind: Deployment\nplugins: []\n");
         assert!(
-            wrong_kind.starts_with("epp.yaml:2: kind: kind must be EndpointPickerConfig"),
+            wrong_kind.starts_with("epp.yaml:2: kind: must be EndpointPickerConfig"),
             "{wrong_kind}"
         );
         let missing_type = error(
