@@ -66,12 +66,11 @@ pub struct ImportOptions {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct EppConfig {
-    #[serde(deserialize_with = "api_version")]
-    #[allow(dead_code)]
-    api_version: String,
-    #[serde(deserialize_with = "kind")]
-    #[allow(dead_code)]
-    kind: String,
+    // Checked while reading; nothing else depends on them.
+    #[serde(rename = "apiVersion", deserialize_with = "api_version")]
+    _api_version: String,
+    #[serde(rename = "kind", deserialize_with = "kind")]
+    _kind: String,
     #[serde(default)]
     feature_gates: Option<Vec<String>>,
     #[serde(default)]
@@ -370,7 +369,33 @@ enum Entry {
     Comment(Vec<String>),
 }
 
-/// The output being assembled.
+impl Entry {
+    fn render(&self, toml: &mut String) {
+        match self {
+            Entry::Comment(lines) => {
+                for line in lines {
+                    let _ = writeln!(toml, "{line}");
+                }
+            }
+            Entry::Plugin(plugin) => {
+                let _ = writeln!(toml, "[[plugins]]");
+                let _ = writeln!(toml, "name = {}", toml_str(&plugin.name));
+                let _ = writeln!(toml, "type = {}", toml_str(&plugin.type_name));
+                if !plugin.parameters.is_empty() {
+                    let _ = writeln!(toml, "[plugins.parameters]");
+                    for (key, value) in &plugin.parameters {
+                        let _ = writeln!(toml, "{} = {value}", toml_key(key));
+                    }
+                }
+                for line in &plugin.comments {
+                    let _ = writeln!(toml, "{line}");
+                }
+            }
+        }
+    }
+}
+
+/// Counts the `# not mapped:` comments as they are made.
 #[derive(Default)]
 struct Out {
     not_mapped: usize,
@@ -421,181 +446,38 @@ fn standard_registry(
 /// Imports `text`, read from `file` (named as the user gave it).
 pub fn import(file: &Path, text: &str, options: &ImportOptions) -> Result<Imported, ConfigError> {
     let epp = parse(file, text)?;
-    let mut seen = BTreeSet::new();
-    for (index, plugin) in epp.plugins.iter().enumerate() {
-        if !seen.insert(plugin.instance_name()) {
-            return Err(ConfigError::new(
-                file,
-                format!(
-                    "duplicate plugin name '{}': every plugin needs its own `name` (it defaults \
-                     to the type)",
-                    plugin.instance_name()
-                ),
-            )
-            .at_line(second_name_line(text, plugin.instance_name()))
-            .field(format!("plugins[{index}].name")));
-        }
-    }
+    check_names(file, text, &epp)?;
     let (registry, library_of) =
         standard_registry(options).map_err(|e| ConfigError::new(file, e))?;
     let mut out = Out::default();
-    let mut general: Vec<String> = Vec::new();
     let mut problems: Vec<String> = Vec::new();
 
-    // Discovery: the plugin dataLayer.discovery names, when it is a file-discovery plugin.
-    let data_layer = epp.data_layer.as_ref().and_then(Yaml::as_mapping);
-    let discovery_ref = data_layer
-        .and_then(|m| m.get("discovery"))
+    let discovery_ref = epp
+        .data_layer
+        .as_ref()
+        .and_then(|layer| layer.get("discovery"))
         .and_then(|d| d.get("pluginRef"))
-        .and_then(Yaml::as_str)
-        .map(String::from);
-    let file_discovery_named = epp.plugins.iter().any(|p| {
-        p.type_name == "file-discovery" && discovery_ref.as_deref() == Some(p.instance_name())
-    });
-    let mut discovery_file: Option<(String, Vec<String>)> = None;
-    if let Some(layer) = data_layer {
-        for (key, value) in layer {
-            let key = key.as_str().unwrap_or_default();
-            if key == "discovery" && file_discovery_named {
-                continue;
-            }
-            let why = match key {
-                "discovery" => {
-                    "it does not name a file-discovery plugin of this file; switchyard finds \
-                     endpoints in [[endpoints]] or a discovery file ([fleet] discovery_file) only"
-                }
-                "sources" => {
-                    "switchyard scrapes each endpoint's /metrics itself ([fleet] \
-                              scrape_interval_ms); data sources and extractors are not plugins"
-                }
-                "injectDefaults" => "switchyard has no data-source plugins to inject",
-                _ => "switchyard has no equivalent of this data-layer setting",
-            };
-            general.extend(out.not_mapped(&format!("dataLayer.{key}"), why, Some(value)));
-        }
-    }
+        .and_then(Yaml::as_str);
+    let mut general = data_layer_comments(&mut out, &epp, discovery_ref);
+    general.extend(top_level_comments(&mut out, &epp));
 
     let mut entries = Vec::new();
+    let mut discovery_file = None;
     for spec in &epp.plugins {
-        let name = spec.instance_name().to_string();
-        let what = format!("plugin '{name}' (type {})", spec.type_name);
-        if spec.type_name == "file-discovery" {
-            if discovery_ref.as_deref() == Some(name.as_str()) {
-                match discovery(&mut out, spec) {
-                    Ok(found) => {
-                        discovery_file = Some(found);
-                        continue;
-                    }
-                    Err(lines) => {
-                        problems.push(format!("{what}: {}", lines[0]));
-                        entries.push(Entry::Comment(lines));
-                        continue;
-                    }
+        if spec.type_name == "file-discovery" && discovery_ref == Some(spec.instance_name()) {
+            match discovery(&mut out, spec) {
+                Ok(found) => discovery_file = Some(found),
+                Err(lines) => {
+                    problems.push(format!(
+                        "plugin '{}' (type file-discovery) has no `path`",
+                        spec.instance_name()
+                    ));
+                    entries.push(Entry::Comment(lines));
                 }
             }
-            entries.push(Entry::Comment(out.not_mapped(
-                &what,
-                "not named by dataLayer.discovery, so the reference does not use it for \
-                 discovery either",
-                spec.parameters.as_ref(),
-            )));
             continue;
         }
-        let (type_name, alias_note) = match spec.type_name.as_str() {
-            "tokenizer" => (
-                "token-producer".to_string(),
-                Some("type 'tokenizer' is the reference's deprecated name of token-producer"),
-            ),
-            other => (other.to_string(), None),
-        };
-        let Some(plugin_type) = registry.get(&type_name) else {
-            entries.push(Entry::Comment(out.not_mapped(
-                &what,
-                &unmapped_type_reason(&spec.type_name),
-                spec.parameters.as_ref(),
-            )));
-            continue;
-        };
-        let mut mapped = Mapped {
-            name,
-            type_name: type_name.clone(),
-            kind: plugin_type.kind(),
-            alpha: plugin_type.stability() == Stability::Alpha,
-            parameters: Vec::new(),
-            comments: alias_note.map(|n| format!("# {n}")).into_iter().collect(),
-        };
-        let known: Vec<&str> = plugin_type
-            .parameters()
-            .iter()
-            .map(|p| p.name.as_str())
-            .collect();
-        if let Some(Yaml::Mapping(map)) = &spec.parameters {
-            for (key, value) in map {
-                let key_text = key
-                    .as_str()
-                    .map(String::from)
-                    .unwrap_or_else(|| yaml_inline(key));
-                let what = format!("parameter {key_text}");
-                if !known.contains(&key_text.as_str()) {
-                    let why = if known.is_empty() {
-                        format!("switchyard's {type_name} takes no parameters")
-                    } else {
-                        format!(
-                            "switchyard's {type_name} has no such parameter (it has: {})",
-                            known.join(", ")
-                        )
-                    };
-                    mapped
-                        .comments
-                        .extend(out.not_mapped(&what, &why, Some(value)));
-                    continue;
-                }
-                match to_toml(value) {
-                    Ok(v) => mapped.parameters.push((key_text, v)),
-                    Err(why) => mapped
-                        .comments
-                        .extend(out.not_mapped(&what, &why, Some(value))),
-                }
-            }
-        }
-        entries.push(Entry::Plugin(mapped));
-    }
-
-    if let Some(gates) = &epp.feature_gates {
-        for gate in gates {
-            general.extend(out.not_mapped(
-                &format!("feature gate '{gate}'"),
-                "switchyard has no feature gates",
-                None,
-            ));
-        }
-    }
-    for (key, value, why) in [
-        (
-            "flowControl",
-            &epp.flow_control,
-            "switchyard has no flow control (request queueing by priority and fairness); \
-             [serve] max_in_flight and max_in_flight_per_endpoint are its only admission limits",
-        ),
-        (
-            "saturationDetector",
-            &epp.saturation_detector,
-            "switchyard has no saturation detector",
-        ),
-        (
-            "requestHandler",
-            &epp.request_handler,
-            "request parsing is built into switchyard's drivers; there are no parser plugins",
-        ),
-        (
-            "parser",
-            &epp.parser,
-            "request parsing is built into switchyard's drivers; there are no parser plugins",
-        ),
-    ] {
-        if let Some(value) = value {
-            general.extend(out.not_mapped(key, why, Some(value)));
-        }
+        entries.push(map_plugin(&mut out, &registry, spec));
     }
 
     let plugins: Vec<&Mapped> = entries
@@ -606,35 +488,7 @@ pub fn import(file: &Path, text: &str, options: &ImportOptions) -> Result<Import
         })
         .collect();
     let profile = profile(&mut out, &epp, &plugins, options, &mut problems);
-
-    // Libraries: those of the mapped types, and those of default producers the mapped plugins
-    // require (the reference creates those producers by itself, as switchyard does).
-    let mut libraries: Vec<(String, Option<String>)> = Vec::new();
-    let mut add_library = |library: &str, note: Option<String>| {
-        if !libraries.iter().any(|(l, _)| l == library) {
-            libraries.push((library.to_string(), note));
-        }
-    };
-    for plugin in &plugins {
-        if let Some(library) = library_of.get(&plugin.type_name) {
-            add_library(library, None);
-        }
-    }
-    for (library, producer, consumer) in
-        default_producer_libraries(&registry, &library_of, &plugins)
-    {
-        add_library(
-            &library,
-            Some(format!(
-                "for {producer}, which '{consumer}' requires and the pipeline creates by itself"
-            )),
-        );
-    }
-    let alpha: Vec<&str> = plugins
-        .iter()
-        .filter(|p| p.alpha)
-        .map(|p| p.type_name.as_str())
-        .collect();
+    let libraries = libraries(&registry, &library_of, &plugins);
 
     let mut toml = String::new();
     let _ = writeln!(
@@ -645,51 +499,49 @@ pub fn import(file: &Path, text: &str, options: &ImportOptions) -> Result<Import
     let _ = writeln!(
         toml,
         "# Parameter names and values, plugin names, and the profile's order and weights are \
-         the\n# reference's. Lines starting with \"{NOT_MAPPED}\" say what was left out, and why."
+         the\n# reference's. Lines starting with \"{NOT_MAPPED}\" say what was left out, and why.\n"
     );
-    toml.push('\n');
+    let alpha: BTreeSet<&str> = plugins
+        .iter()
+        .filter(|p| p.alpha)
+        .map(|p| p.type_name.as_str())
+        .collect();
     if !alpha.is_empty() {
-        let mut types: Vec<&str> = alpha.clone();
-        types.dedup();
+        let alpha: Vec<&str> = alpha.into_iter().collect();
         let _ = writeln!(
             toml,
-            "# {} alpha (experimental); the reference needs --allow-experimental-plugins for it \
+            "# {} {} alpha (experimental); the reference needs --allow-experimental-plugins \
              too.\nallow_experimental_plugins = true\n",
-            if types.len() == 1 {
-                format!("{} is", types[0])
-            } else {
-                format!("{} are", types.join(", "))
-            }
+            alpha.join(", "),
+            if alpha.len() == 1 { "is" } else { "are" },
         );
     }
     if !libraries.is_empty() {
         let _ = writeln!(toml, "libraries = [");
         for (library, note) in &libraries {
-            match note {
-                Some(note) => {
-                    let _ = writeln!(toml, "    {},  # {note}", toml_str(library));
-                }
-                None => {
-                    let _ = writeln!(toml, "    {},", toml_str(library));
-                }
-            }
+            let _ = match note {
+                Some(note) => writeln!(toml, "    {},  # {note}", toml_str(library)),
+                None => writeln!(toml, "    {},", toml_str(library)),
+            };
         }
         let _ = writeln!(toml, "]\n");
     }
-    if let Some((path, notes)) = &discovery_file {
-        let _ = writeln!(toml, "[fleet]");
-        for note in notes {
-            let _ = writeln!(toml, "{note}");
+    match &discovery_file {
+        Some((path, notes)) => {
+            let _ = writeln!(toml, "[fleet]");
+            for note in notes {
+                let _ = writeln!(toml, "{note}");
+            }
+            let _ = writeln!(toml, "discovery_file = {}\n", toml_str(path));
         }
-        let _ = writeln!(toml, "discovery_file = {}\n", toml_str(path));
-    }
-    if discovery_file.is_none() {
-        let _ = writeln!(
-            toml,
-            "# No file discovery: the reference then watches an InferencePool through the \
-             Kubernetes API,\n# which switchyard does not. List the model servers in \
-             [[endpoints]] or set [fleet] discovery_file.\n"
-        );
+        None => {
+            let _ = writeln!(
+                toml,
+                "# No file discovery: the reference then watches an InferencePool through the \
+                 Kubernetes API,\n# which switchyard does not. List the model servers in \
+                 [[endpoints]] or set [fleet] discovery_file.\n"
+            );
+        }
     }
     if !general.is_empty() {
         for line in &general {
@@ -698,27 +550,7 @@ pub fn import(file: &Path, text: &str, options: &ImportOptions) -> Result<Import
         toml.push('\n');
     }
     for entry in &entries {
-        match entry {
-            Entry::Comment(lines) => {
-                for line in lines {
-                    let _ = writeln!(toml, "{line}");
-                }
-            }
-            Entry::Plugin(plugin) => {
-                let _ = writeln!(toml, "[[plugins]]");
-                let _ = writeln!(toml, "name = {}", toml_str(&plugin.name));
-                let _ = writeln!(toml, "type = {}", toml_str(&plugin.type_name));
-                if !plugin.parameters.is_empty() {
-                    let _ = writeln!(toml, "[plugins.parameters]");
-                    for (key, value) in &plugin.parameters {
-                        let _ = writeln!(toml, "{} = {value}", toml_key(key));
-                    }
-                }
-                for line in &plugin.comments {
-                    let _ = writeln!(toml, "{line}");
-                }
-            }
-        }
+        entry.render(&mut toml);
         toml.push('\n');
     }
     toml.push_str(&profile);
@@ -736,6 +568,192 @@ pub fn import(file: &Path, text: &str, options: &ImportOptions) -> Result<Import
         not_mapped: out.not_mapped,
         problem: (!problems.is_empty()).then(|| problems.join("; ")),
     })
+}
+
+/// Refuses a plugin name given twice, as the reference does.
+fn check_names(file: &Path, text: &str, epp: &EppConfig) -> Result<(), ConfigError> {
+    let mut seen = BTreeSet::new();
+    for (index, plugin) in epp.plugins.iter().enumerate() {
+        if !seen.insert(plugin.instance_name()) {
+            return Err(ConfigError::new(
+                file,
+                format!(
+                    "duplicate plugin name '{}': every plugin needs its own `name` (it defaults \
+                     to the type)",
+                    plugin.instance_name()
+                ),
+            )
+            .at_line(second_name_line(text, plugin.instance_name()))
+            .field(format!("plugins[{index}].name")));
+        }
+    }
+    Ok(())
+}
+
+/// Comments for the `dataLayer` settings, except a discovery reference to a file-discovery
+/// plugin (which becomes `[fleet] discovery_file`).
+fn data_layer_comments(out: &mut Out, epp: &EppConfig, discovery_ref: Option<&str>) -> Vec<String> {
+    let file_discovery_named = epp
+        .plugins
+        .iter()
+        .any(|p| p.type_name == "file-discovery" && discovery_ref == Some(p.instance_name()));
+    let mut lines = Vec::new();
+    let Some(layer) = epp.data_layer.as_ref().and_then(Yaml::as_mapping) else {
+        return lines;
+    };
+    for (key, value) in layer {
+        let key = key.as_str().unwrap_or_default();
+        if key == "discovery" && file_discovery_named {
+            continue;
+        }
+        let why = match key {
+            "discovery" => {
+                "it does not name a file-discovery plugin of this file; switchyard finds \
+                 endpoints in [[endpoints]] or a discovery file ([fleet] discovery_file) only"
+            }
+            "sources" => {
+                "switchyard scrapes each endpoint's /metrics itself ([fleet] \
+                 scrape_interval_ms); data sources and extractors are not plugins"
+            }
+            "injectDefaults" => "switchyard has no data-source plugins to inject",
+            _ => "switchyard has no equivalent of this data-layer setting",
+        };
+        lines.extend(out.not_mapped(&format!("dataLayer.{key}"), why, Some(value)));
+    }
+    lines
+}
+
+/// Comments for the feature gates, flow control, saturation detector and parsers.
+fn top_level_comments(out: &mut Out, epp: &EppConfig) -> Vec<String> {
+    let mut lines = Vec::new();
+    for gate in epp.feature_gates.iter().flatten() {
+        lines.extend(out.not_mapped(
+            &format!("feature gate '{gate}'"),
+            "switchyard has no feature gates",
+            None,
+        ));
+    }
+    let parsing = "request parsing is built into switchyard's drivers; there are no parser plugins";
+    for (key, value, why) in [
+        (
+            "flowControl",
+            &epp.flow_control,
+            "switchyard has no flow control (request queueing by priority and fairness); \
+             [serve] max_in_flight and max_in_flight_per_endpoint are its only admission limits",
+        ),
+        (
+            "saturationDetector",
+            &epp.saturation_detector,
+            "switchyard has no saturation detector",
+        ),
+        ("requestHandler", &epp.request_handler, parsing),
+        ("parser", &epp.parser, parsing),
+    ] {
+        if let Some(value) = value {
+            lines.extend(out.not_mapped(key, why, Some(value)));
+        }
+    }
+    lines
+}
+
+/// A plugin of a type switchyard has, with the parameters it has; otherwise a comment.
+fn map_plugin(out: &mut Out, registry: &Registry, spec: &PluginSpec) -> Entry {
+    let name = spec.instance_name().to_string();
+    if spec.type_name == "file-discovery" {
+        return Entry::Comment(out.not_mapped(
+            &format!("plugin '{name}' (type file-discovery)"),
+            "not named by dataLayer.discovery, so the reference does not use it for discovery \
+             either",
+            spec.parameters.as_ref(),
+        ));
+    }
+    let (type_name, alias_note) = match spec.type_name.as_str() {
+        "tokenizer" => (
+            "token-producer",
+            Some("# type 'tokenizer' is the reference's deprecated name of token-producer"),
+        ),
+        other => (other, None),
+    };
+    let Some(plugin_type) = registry.get(type_name) else {
+        return Entry::Comment(out.not_mapped(
+            &format!("plugin '{name}' (type {})", spec.type_name),
+            &unmapped_type_reason(&spec.type_name),
+            spec.parameters.as_ref(),
+        ));
+    };
+    let mut mapped = Mapped {
+        name,
+        type_name: type_name.to_string(),
+        kind: plugin_type.kind(),
+        alpha: plugin_type.stability() == Stability::Alpha,
+        parameters: Vec::new(),
+        comments: alias_note.map(String::from).into_iter().collect(),
+    };
+    let known: Vec<&str> = plugin_type
+        .parameters()
+        .iter()
+        .map(|p| p.name.as_str())
+        .collect();
+    let Some(Yaml::Mapping(map)) = &spec.parameters else {
+        return Entry::Plugin(mapped);
+    };
+    for (key, value) in map {
+        let key_text = key
+            .as_str()
+            .map(String::from)
+            .unwrap_or_else(|| yaml_inline(key));
+        let what = format!("parameter {key_text}");
+        if !known.contains(&key_text.as_str()) {
+            let why = if known.is_empty() {
+                format!("switchyard's {type_name} takes no parameters")
+            } else {
+                format!(
+                    "switchyard's {type_name} has no such parameter (it has: {})",
+                    known.join(", ")
+                )
+            };
+            mapped
+                .comments
+                .extend(out.not_mapped(&what, &why, Some(value)));
+            continue;
+        }
+        match to_toml(value) {
+            Ok(v) => mapped.parameters.push((key_text, v)),
+            Err(why) => mapped
+                .comments
+                .extend(out.not_mapped(&what, &why, Some(value))),
+        }
+    }
+    Entry::Plugin(mapped)
+}
+
+/// The `libraries` entries: those of the mapped types, then those of default producers the
+/// mapped plugins require (created by the pipeline, as by the reference), with a note why.
+fn libraries(
+    registry: &Registry,
+    library_of: &BTreeMap<String, String>,
+    plugins: &[&Mapped],
+) -> Vec<(String, Option<String>)> {
+    let mut libraries: Vec<(String, Option<String>)> = Vec::new();
+    let mut add = |library: &str, note: Option<String>| {
+        if !libraries.iter().any(|(l, _)| l == library) {
+            libraries.push((library.to_string(), note));
+        }
+    };
+    for plugin in plugins {
+        if let Some(library) = library_of.get(&plugin.type_name) {
+            add(library, None);
+        }
+    }
+    for (library, producer, consumer) in default_producer_libraries(registry, library_of, plugins) {
+        add(
+            &library,
+            Some(format!(
+                "for {producer}, which '{consumer}' requires and the pipeline creates by itself"
+            )),
+        );
+    }
+    libraries
 }
 
 /// `[fleet] discovery_file` from a file-discovery plugin: the path and the comment lines to
