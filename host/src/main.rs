@@ -100,6 +100,9 @@ enum Command {
         #[arg(long)]
         journal: Option<PathBuf>,
     },
+    /// Work with configuration files.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// An OpenAI-compatible stand-in model server for tests and demos, built on the
     /// simulator's replica model run on the real clock.
     MockReplica(switchyard::mock_replica::MockOptions),
@@ -130,6 +133,28 @@ enum Command {
         output: Option<PathBuf>,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+    },
+}
+
+#[derive(Subcommand)]
+enum ConfigCommand {
+    /// Turn the reference endpoint picker's EndpointPickerConfig YAML into a switchyard TOML
+    /// pipeline (see docs/import.md).
+    Import {
+        /// The EndpointPickerConfig YAML file.
+        file: PathBuf,
+        /// Where to write the TOML (standard output when omitted).
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+        /// Overwrite the output file if it exists.
+        #[arg(long)]
+        force: bool,
+        /// The scheduling profile to import when the file has several.
+        #[arg(long)]
+        profile: Option<String>,
+        /// A directory searched first for switchyard's plugin libraries (repeatable).
+        #[arg(long = "plugin-dir")]
+        plugin_dirs: Vec<PathBuf>,
     },
 }
 
@@ -197,6 +222,23 @@ fn run(command: Command) -> Result<(), String> {
                 journal,
             };
             runtime()?.block_on(switchyard::serve::run(config, options, serve_options))
+        }
+        Command::Config(ConfigCommand::Import {
+            file,
+            output,
+            force,
+            profile,
+            mut plugin_dirs,
+        }) => {
+            if let Some(dir) = std::env::var_os("SWITCHYARD_PLUGIN_DIR") {
+                plugin_dirs.push(dir.into());
+            }
+            let options = switchyard::config::import::ImportOptions {
+                profile,
+                plugin_dirs,
+                output: output.clone(),
+            };
+            config_import(&file, output.as_deref(), force, &options)
         }
         Command::MockReplica(options) => {
             runtime()?.block_on(switchyard::mock_replica::run(options))
@@ -413,6 +455,60 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
         );
     }
     Ok(())
+}
+
+/// `switchyard config import`: writes the TOML (even a best-effort one) and fails when it is
+/// not a valid pipeline.
+fn config_import(
+    file: &Path,
+    output: Option<&Path>,
+    force: bool,
+    options: &switchyard::config::import::ImportOptions,
+) -> Result<(), String> {
+    if let Some(output) = output {
+        let same = match (file.canonicalize(), output.canonicalize()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => file == output,
+        };
+        if same {
+            return Err(format!(
+                "--output {} is the input file; write the TOML somewhere else",
+                output.display()
+            ));
+        }
+        if output.exists() && !force {
+            return Err(format!(
+                "{} exists; pass --force to overwrite it",
+                output.display()
+            ));
+        }
+    }
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let imported =
+        switchyard::config::import::import(file, &text, options).map_err(|e| e.to_string())?;
+    let mut toml = imported.toml;
+    if !toml.ends_with('\n') {
+        toml.push('\n');
+    }
+    match output {
+        Some(path) => std::fs::write(path, &toml)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?,
+        None => print!("{toml}"),
+    }
+    if imported.not_mapped > 0 {
+        eprintln!(
+            "{} item(s) not mapped; each is a \"# not mapped:\" comment in the output saying why",
+            imported.not_mapped
+        );
+    }
+    match imported.problem {
+        Some(problem) => Err(format!(
+            "{}: no valid switchyard pipeline could be formed: {problem}",
+            file.display()
+        )),
+        None => Ok(()),
+    }
 }
 
 fn read_config(path: &Path) -> Result<LoadedConfig, String> {

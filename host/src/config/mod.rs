@@ -5,6 +5,7 @@
 //! implementation's camelCase names so configs carry over. Paths are relative to the file.
 
 mod error;
+pub mod import;
 pub mod locate;
 mod values;
 
