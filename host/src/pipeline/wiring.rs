@@ -229,13 +229,14 @@ fn create_default_producers(
                 .consumes
                 .iter()
                 .find(|c| c.required && !produced.contains(&c.key))
-                .map(|c| (consumer.label(), c.key.clone()))
+                .map(|c| (consumer.name.clone(), consumer.label(), c.key.clone()))
         });
-        let Some((consumer, key)) = missing else {
+        let Some((consumer_name, consumer, key)) = missing else {
             return Ok(());
         };
         let producer_name = key.producer.as_str();
-        let error = |message: String| ConfigError::new(&config.path, message);
+        let line = consumer_line(config, &consumer_name, producer_name);
+        let error = |message: String| ConfigError::new(&config.path, message).at_line(line);
         if let Some(existing) = plugins.iter().find(|p| p.name == producer_name) {
             return Err(error(format!(
                 "plugin '{consumer}' requires {key}, but plugin '{}' does not produce it",
@@ -275,6 +276,22 @@ fn create_default_producers(
             true,
         ));
     }
+}
+
+/// The line of the parameter through which `consumer` names `producer`, else of its entry.
+fn consumer_line(config: &LoadedConfig, consumer: &str, producer: &str) -> Option<usize> {
+    let index = config
+        .config
+        .plugins
+        .iter()
+        .position(|p| p.name == consumer)?;
+    let parameter = config.config.plugins[index]
+        .parameters
+        .iter()
+        .flatten()
+        .find(|(_, value)| value.as_str() == Some(producer))
+        .map(|(key, _)| key.as_str());
+    config.plugin_line(index, parameter)
 }
 
 /// Gives every produced key a row and maps each consumer's keys to rows.
@@ -346,7 +363,9 @@ fn order_producers(
     while let Some(next) = ready.pop_first() {
         order.push(next);
         for &dependent in dependents.get(&next).into_iter().flatten() {
-            let count = waiting_on.get_mut(&dependent).expect("every producer counted");
+            let count = waiting_on
+                .get_mut(&dependent)
+                .expect("every producer counted");
             *count -= 1;
             if *count == 0 {
                 ready.insert(dependent);
@@ -360,6 +379,15 @@ fn order_producers(
             .filter(|p| !placed.contains(*p))
             .map(|&p| plugins[p].label())
             .collect();
+        let first = producers.iter().find(|p| !placed.contains(*p));
+        let line = first.and_then(|&p| {
+            let index = config
+                .config
+                .plugins
+                .iter()
+                .position(|c| c.name == plugins[p].name)?;
+            config.plugin_line(index, None)
+        });
         return Err(ConfigError::new(
             &config.path,
             format!(
@@ -367,7 +395,8 @@ fn order_producers(
                  which producer one of them reads",
                 cycle.join(" -> ")
             ),
-        ));
+        )
+        .at_line(line));
     }
     Ok(order)
 }
