@@ -1,11 +1,13 @@
 //! Joint placement of one sealed batch: `prompts × 16` samples of 8k-token prompts (128 blocks
-//! of 64 tokens each) over 8 and 64 replicas, with the default parameters.
+//! of 64 tokens each) over 8 and 64 replicas, with the default parameters, by the reference's
+//! placement and by fair share.
 
 use std::hint::black_box;
 use std::time::Duration;
 
 use burst_prefix_cache_producer::assign::{assign, Replica};
 use burst_prefix_cache_producer::config::BalanceBy;
+use burst_prefix_cache_producer::fair_share::assign_fair_share;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 
 const SAMPLES: usize = 16;
@@ -53,6 +55,22 @@ fn bench(c: &mut Criterion) {
                 );
                 group.bench_function(id, |b| {
                     b.iter(|| assign(black_box(&entries), black_box(&fleet), None, 0, balance_by))
+                });
+                let blocks = vec![BLOCKS; entries.len()];
+                let id = BenchmarkId::new(
+                    format!("{}_requests/fair_share_{label}", entries.len()),
+                    format!("{replicas}_replicas"),
+                );
+                group.bench_function(id, |b| {
+                    b.iter(|| {
+                        assign_fair_share(
+                            black_box(&entries),
+                            black_box(&blocks),
+                            black_box(&fleet),
+                            0,
+                            balance_by,
+                        )
+                    })
                 });
             }
         }

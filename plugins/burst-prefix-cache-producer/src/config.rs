@@ -53,6 +53,26 @@ impl BalanceBy {
     }
 }
 
+/// How a batch is placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Assignment {
+    /// The reference's greedy placement ([`crate::assign`]).
+    Reference,
+    /// Equal shares over the replicas' carried load ([`crate::fair_share`]); ours.
+    FairShare,
+}
+
+impl Assignment {
+    /// Parses an `assignment` value; the empty string means [`Assignment::Reference`].
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "" | "reference" => Some(Self::Reference),
+            "fairShare" => Some(Self::FairShare),
+            _ => None,
+        }
+    }
+}
+
 /// `burst-prefix-cache-producer` parameters, with the reference's names and defaults.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
@@ -71,6 +91,8 @@ pub struct BurstConfig {
     pub max_batch_size: i64,
     /// `"requests"` or `"tokens"` (see [`BalanceBy`]); empty means `"requests"`.
     pub balance_by: String,
+    /// `"reference"` or `"fairShare"` (see [`Assignment`]); a switchyard extension.
+    pub assignment: String,
 }
 
 impl Default for BurstConfig {
@@ -83,6 +105,7 @@ impl Default for BurstConfig {
             min_colocate_blocks: 0,
             max_batch_size: 1000,
             balance_by: "requests".to_owned(),
+            assignment: "reference".to_owned(),
         }
     }
 }
@@ -174,6 +197,28 @@ impl BurstConfig {
                 ),
             );
         }
+        match Assignment::parse(&self.assignment) {
+            None => {
+                return fail(
+                    "assignment",
+                    format!(
+                        "assignment must be \"reference\" or \"fairShare\" (got {:?})",
+                        self.assignment
+                    ),
+                )
+            }
+            Some(Assignment::FairShare) if self.max_per_replica != -1 => {
+                return fail(
+                    "maxPerReplica",
+                    format!(
+                        "maxPerReplica must be -1 with assignment = \"fairShare\", which sizes \
+                         each replica's share itself (got {})",
+                        self.max_per_replica
+                    ),
+                )
+            }
+            Some(_) => {}
+        }
         Ok(())
     }
 
@@ -213,6 +258,11 @@ impl BurstConfig {
     /// Batch window length in milliseconds.
     pub fn window_ms(&self) -> u64 {
         u64::try_from(self.window_duration_ms).unwrap_or(0)
+    }
+
+    /// The placement ([`Assignment::Reference`] if the value is invalid).
+    pub fn assignment(&self) -> Assignment {
+        Assignment::parse(&self.assignment).unwrap_or(Assignment::Reference)
     }
 
     /// The fair-share measure ([`BalanceBy::Requests`] if the value is invalid).

@@ -8,6 +8,7 @@
 
 pub mod assign;
 pub mod config;
+pub mod fair_share;
 
 use switchyard_plugin_api::keys::{PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER};
 use switchyard_plugin_api::sdk::{Declare, Instance, Param, PluginFactory, ProduceBatch, Producer};
@@ -17,7 +18,8 @@ use switchyard_plugin_api::{
 use switchyard_prefix_hashing::{block_count, hash_prompt_into, prompt_seed};
 
 use assign::{assign, Replica};
-use config::BurstConfig;
+use config::{Assignment, BurstConfig};
+use fair_share::assign_fair_share;
 
 /// Position of `PrefixCacheMatchInfo` in the declared produced keys.
 const PRODUCES_MATCH_INFO: usize = 0;
@@ -84,6 +86,15 @@ pub static FACTORY: PluginFactory = PluginFactory {
             range: "\"requests\" | \"tokens\"",
             description: "What the fair share of a batch counts: requests, or prefix blocks \
                           still to prefill.",
+        },
+        Param {
+            name: "assignment",
+            value_type: "string",
+            default: "\"reference\"",
+            range: "\"reference\" | \"fairShare\"",
+            description: "How a batch is placed: the reference's greedy placement, or \
+                          fairShare (switchyard's): every request placed, groups laid end to \
+                          end and cut into equal shares over the replicas' carried load.",
         },
     ],
     create,
@@ -200,14 +211,25 @@ impl Producer for BurstProducer {
             .zip(&counts)
             .find(|(_, &count)| count > 0)
             .map_or(&[][..], |(item, _)| item.endpoints.as_slice());
-        let assigned = if needs_hashing.contains(&true) {
-            let replicas: Vec<Replica<'_>> = spread_over
+        let replicas = || -> Vec<Replica<'_>> {
+            spread_over
                 .iter()
                 .map(|endpoint| Replica {
                     id: endpoint.id.as_str(),
                     running_requests: u64::from(endpoint.metrics.running_requests),
                 })
-                .collect();
+                .collect()
+        };
+        let assigned = if self.config.assignment() == Assignment::FairShare {
+            assign_fair_share(
+                &entries,
+                &counts,
+                &replicas(),
+                self.config.colocate_blocks(),
+                self.config.balance(),
+            )
+        } else if needs_hashing.contains(&true) {
+            let replicas = replicas();
             assign(
                 &entries,
                 &replicas,

@@ -322,7 +322,7 @@ fn out_of_range_parameter_is_refused_with_its_name_and_range() {
 
 #[test]
 fn documented_parameters_are_the_config_fields_with_their_defaults() {
-    assert_eq!(FACTORY.parameters.len(), 7);
+    assert_eq!(FACTORY.parameters.len(), 8);
     for param in FACTORY.parameters {
         let json = format!("{{\"{}\": {}}}", param.name, param.default);
         assert_eq!(

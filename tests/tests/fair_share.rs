@@ -1,0 +1,101 @@
+//! The default pipeline's fair-share burst placement, through `switchyard replay` with the real
+//! libraries and `configs/default.toml` (4 endpoints): skewed bursts and requests that share
+//! nothing are spread evenly, and prompt groups are split no more than the shares require.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::Command;
+
+use switchyard_tests::live::{binary, temp_dir};
+use switchyard_tests::{plugin_dir, workspace_root};
+
+/// Replays `prompts` (one request per entry, all at time 0 so they share one window) and
+/// returns each request's prompt index and endpoint.
+fn place(tag: &str, prompts: &[usize], prompt_tokens: usize) -> Vec<(usize, String)> {
+    let dir = temp_dir(tag);
+    let input = dir.join("requests.jsonl");
+    let lines: Vec<String> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| {
+            let tokens: Vec<u32> = (0..prompt_tokens as u32)
+                .map(|t| p as u32 * 100_000 + t)
+                .collect();
+            serde_json::json!({"arrival_ms": 0, "id": format!("r{i}"), "tokens": tokens})
+                .to_string()
+        })
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let output = Command::new(binary())
+        .args([
+            "replay",
+            "--config",
+            "configs/default.toml",
+            "--brief",
+            "--plugin-dir",
+        ])
+        .arg(plugin_dir())
+        .arg("--input")
+        .arg(&input)
+        .current_dir(workspace_root())
+        .output()
+        .expect("switchyard runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut placed = Vec::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let value: serde_json::Value = serde_json::from_str(line).unwrap();
+        let id = value["id"].as_str().unwrap();
+        let index: usize = id[1..].parse().unwrap();
+        let endpoint = value["endpoints"][0].as_str().expect("placed").to_string();
+        placed.push((prompts[index], endpoint));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    placed
+}
+
+fn per_endpoint(placed: &[(usize, String)]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for (_, endpoint) in placed {
+        *counts.entry(endpoint.clone()).or_insert(0) += 1;
+    }
+    counts
+}
+
+#[test]
+fn a_skewed_burst_fills_every_endpoint_evenly_with_few_splits() {
+    // 2 prompts x 32 samples, interleaved, over 4 endpoints.
+    let prompts: Vec<usize> = (0..64).map(|i| i % 2).collect();
+    let placed = place("skewed", &prompts, 640);
+    let counts = per_endpoint(&placed);
+    assert_eq!(counts.len(), 4, "{counts:?}");
+    assert!(counts.values().all(|&n| n == 16), "{counts:?}");
+    let pairs: BTreeSet<_> = placed.iter().collect();
+    let (groups, endpoints) = (2, 4);
+    assert!(
+        pairs.len() < groups + endpoints,
+        "{} placements, more than P + R - 1: {pairs:?}",
+        pairs.len()
+    );
+}
+
+#[test]
+fn whole_groups_that_fit_the_shares_stay_whole() {
+    // 8 prompts x 8 samples over 4 endpoints: two whole groups per endpoint.
+    let prompts: Vec<usize> = (0..64).map(|i| i % 8).collect();
+    let placed = place("whole", &prompts, 640);
+    let counts = per_endpoint(&placed);
+    assert!(counts.values().all(|&n| n == 16), "{counts:?}");
+    let pairs: BTreeSet<_> = placed.iter().collect();
+    assert_eq!(pairs.len(), 8, "each prompt on one endpoint: {pairs:?}");
+}
+
+#[test]
+fn requests_that_share_nothing_are_spread_evenly() {
+    let prompts: Vec<usize> = (0..32).collect();
+    let counts = per_endpoint(&place("distinct", &prompts, 640));
+    assert_eq!(counts.len(), 4, "{counts:?}");
+    assert!(counts.values().all(|&n| n == 8), "{counts:?}");
+}
