@@ -1,12 +1,12 @@
 //! Refusals at start-up say why: the operating system's reason a file does not open, the
-//! boundary type and field whose layout differs.
+//! boundary type and field whose layout differs, and the parameters a type really has.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use switchyard_plugin_api::loading::{load_library, LoadProblem};
 use switchyard_tests::live::binary;
-use switchyard_tests::fixture_library;
+use switchyard_tests::{endpoints, fixture_library, try_pipeline};
 
 fn temp_dir(tag: &str) -> PathBuf {
     let dir =
@@ -123,5 +123,50 @@ fn a_layout_refusal_names_the_boundary_type_and_field_that_differ() {
             "in `PluginLibrary`, field `api_version` is `ApiVersion` here and `u64` in the library"
         ),
         "{message}"
+    );
+}
+
+fn scorer_with(type_name: &str, parameters: &str) -> String {
+    format!(
+        "libraries = [\"panicking_plugin\"]\n{}\n[[plugins]]\ntype = \"{type_name}\"\n\
+         [plugins.parameters]\n{parameters}\n",
+        endpoints(1)
+    )
+}
+
+#[test]
+fn a_parameter_the_type_does_not_declare_is_refused_even_when_the_plugin_would_take_it() {
+    // `lax-scorer` declares `weightHint` and accepts anything.
+    let config = scorer_with("lax-scorer", "weightHint = 2.0\nweightHnit = 3.0");
+    let error = try_pipeline("undeclared", &config).err().expect("refused");
+    assert!(
+        error.ends_with(
+            "undeclared.toml:10: plugin 'lax-scorer': unknown parameter `weightHnit`; valid \
+             parameters of type 'lax-scorer': weightHint"
+        ),
+        "{error}"
+    );
+    assert!(try_pipeline("declared", &scorer_with("lax-scorer", "weightHint = 2.0")).is_ok());
+
+    let config = scorer_with("panicking-scorer", "mode = \"quiet\"");
+    let error = try_pipeline("none-declared", &config)
+        .err()
+        .expect("refused");
+    assert!(
+        error.ends_with(
+            "none-declared.toml:9: plugin 'panicking-scorer': unknown parameter `mode`; type \
+             'panicking-scorer' takes no parameters"
+        ),
+        "{error}"
+    );
+
+    // Built-in types are held to the same rule.
+    let config = scorer_with("load-aware-scorer", "treshold = 2");
+    let error = try_pipeline("builtin", &config).err().expect("refused");
+    assert!(
+        error.contains(
+            "unknown parameter `treshold`; valid parameters of type 'load-aware-scorer': threshold"
+        ),
+        "{error}"
     );
 }
