@@ -216,6 +216,9 @@ pub struct EndpointMetrics {
     pub cache_block_size: u32,
     /// KV blocks on the model server; 0 when unknown.
     pub cache_num_blocks: u64,
+    /// Only in the layout-mismatch test fixture, never in a release.
+    #[cfg(feature = "layout-drift-fixture")]
+    pub cache_hit_rate: f64,
 }
 
 /// One candidate endpoint of a request.
@@ -615,7 +618,9 @@ impl PluginInstance {
         .into_result()
     }
 
-    /// Writes the positions of the chosen endpoints into `picked` and returns how many.
+    /// Writes the positions of the chosen endpoints into `picked` and returns how many, as
+    /// the plugin said: the caller checks that the count fits `picked` and that every
+    /// position is a distinct candidate.
     #[inline]
     pub fn pick(
         &self,
@@ -635,7 +640,7 @@ impl PluginInstance {
             )
         }
         .into_result()
-        .map(|count| (count as usize).min(picked.len()))
+        .map(|count| count as usize)
     }
 
     #[inline]

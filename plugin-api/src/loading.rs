@@ -156,15 +156,47 @@ impl ApiVersion {
 
 /// Opens and verifies the plugin library at `path`.
 pub fn load_library(path: &Path) -> Result<LoadedLibrary, LoadError> {
+    load_library_checked(path, |_| Ok(()))
+}
+
+/// As [`load_library`], with `check` run over the library's bytes before they are opened (a
+/// digest pin, for example); its error refuses the library.
+///
+/// The library is opened from a private copy of the file, removed again once opened, so
+/// overwriting the file in place while switchyard runs cannot change code it is executing,
+/// and what was checked is what runs.
+pub fn load_library_checked(
+    path: &Path,
+    check: impl FnOnce(&[u8]) -> Result<(), String>,
+) -> Result<LoadedLibrary, LoadError> {
+    let path = tidy_path(path);
     let refuse = |problem: LoadProblem, detail: String| LoadError {
-        path: path.to_path_buf(),
+        path: path.clone(),
         problem,
         detail,
     };
-    let header = lib_header_from_path(path).map_err(|error| {
-        let detail = error.to_string();
-        let problem = match error {
-            LibraryError::OpenError { .. } => LoadProblem::Open(first_line(&detail)),
+    let bytes = std::fs::read(&path)
+        .map_err(|error| refuse(LoadProblem::Open(io_reason(&error)), error.to_string()))?;
+    check(&bytes).map_err(|reason| refuse(LoadProblem::Other(reason), String::new()))?;
+    let copy = PrivateCopy::write(&path, &bytes).map_err(|error| {
+        refuse(
+            LoadProblem::Other(format!(
+                "cannot make a private copy to load from in {}: {} (set TMPDIR to a writable \
+                 directory that allows executable files)",
+                std::env::temp_dir().display(),
+                io_reason(&error)
+            )),
+            error.to_string(),
+        )
+    })?;
+    let header = lib_header_from_path(copy.path()).map_err(|error| {
+        let detail = error
+            .to_string()
+            .replace(&*copy.path().to_string_lossy(), &path.to_string_lossy());
+        let problem = match &error {
+            LibraryError::OpenError { err, .. } => {
+                LoadProblem::Open(dlopen_reason(&err.to_string(), copy.path()))
+            }
             LibraryError::GetSymbolError { .. } => LoadProblem::NotAPlugin,
             LibraryError::InvalidAbiHeader(_) => LoadProblem::Other(
                 "it was built with an incompatible abi_stable version".to_string(),
@@ -173,6 +205,7 @@ pub fn load_library(path: &Path) -> Result<LoadedLibrary, LoadError> {
         };
         refuse(problem, detail)
     })?;
+    drop(copy);
 
     let declared = header.version_strings();
     let library_version = declared.version.as_str();
@@ -218,6 +251,89 @@ pub fn load_library(path: &Path) -> Result<LoadedLibrary, LoadError> {
     })
 }
 
+/// `path` without `.` components (`./././lib.so` is `lib.so`; `./lib.so` stays as given
+/// when it is the whole path's only directory).
+pub fn tidy_path(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let tidy: PathBuf = path
+        .components()
+        .filter(|c| !matches!(c, Component::CurDir))
+        .collect();
+    if tidy.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else if path.starts_with(".") && tidy.is_relative() && tidy.components().count() == 1 {
+        Path::new(".").join(tidy)
+    } else {
+        tidy
+    }
+}
+
+/// An I/O error's reason without the `(os error N)` suffix.
+fn io_reason(error: &std::io::Error) -> String {
+    let text = error.to_string();
+    match text.rfind(" (os error ") {
+        Some(at) => text[..at].to_string(),
+        None => text,
+    }
+}
+
+/// The dynamic loader's reason, without the (private copy's) path it starts with.
+fn dlopen_reason(message: &str, opened: &Path) -> String {
+    let opened = opened.to_string_lossy();
+    let reason = message
+        .strip_prefix(&*opened)
+        .map(|rest| rest.trim_start_matches(':').trim())
+        .unwrap_or(message.trim());
+    if reason.is_empty() {
+        "the dynamic loader gave no reason".to_string()
+    } else {
+        reason.to_string()
+    }
+}
+
+/// A copy of a library in a directory only this process uses, removed on drop. The loader
+/// keeps its mapping of the file after the name is gone.
+struct PrivateCopy {
+    dir: PathBuf,
+    file: PathBuf,
+}
+
+impl PrivateCopy {
+    fn write(original: &Path, bytes: &[u8]) -> std::io::Result<PrivateCopy> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir = std::env::temp_dir().join(format!(
+            "switchyard-plugin-{}-{}-{nanos}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let mut builder = std::fs::DirBuilder::new();
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder.create(&dir)?;
+        let copy = PrivateCopy {
+            file: dir.join(original.file_name().unwrap_or("library".as_ref())),
+            dir,
+        };
+        std::fs::write(&copy.file, bytes)?;
+        Ok(copy)
+    }
+
+    fn path(&self) -> &Path {
+        &self.file
+    }
+}
+
+impl Drop for PrivateCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.file);
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
 fn first_line(text: &str) -> String {
     text.lines()
         .find(|l| !l.trim().is_empty())
@@ -227,34 +343,147 @@ fn first_line(text: &str) -> String {
 }
 
 /// The loader's report lists every difference as an `Error:` line among hundreds of lines of
-/// layout dump; those lines are the useful part.
+/// layout dump. Each error follows the layouts of the types it was comparing, outermost
+/// first; the innermost pair whose fields differ names the boundary type and field at fault.
 fn layout_summary(report: &str) -> Vec<String> {
-    let mut lines: Vec<String> = Vec::new();
     let all: Vec<&str> = report
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty())
         .collect();
-    for (i, line) in all.iter().enumerate() {
+    let mut lines: Vec<String> = Vec::new();
+    // Each place at fault with the loader's errors about it, in the report's order.
+    let mut places: Vec<(String, Vec<String>)> = Vec::new();
+    let mut expected: Option<Layout> = None;
+    let mut pairs: Vec<(Layout, Layout)> = Vec::new();
+    let mut i = 0;
+    while i < all.len() {
+        let line = all[i];
+        if line == "Layout of expected type:" || line == "Layout of found type:" {
+            let (layout, next) = Layout::parse(&all, i + 1);
+            if line.contains("expected") {
+                expected = Some(layout);
+            } else if let Some(e) = expected.take() {
+                pairs.push((e, layout));
+            }
+            i = next;
+            continue;
+        }
+        i += 1;
         let Some(rest) = line.strip_prefix("Error:") else {
             continue;
         };
         // The values follow the `Error:` line as `Expected:`/`Found:` blocks.
         let mut entry = rest.trim().to_string();
-        for next in all[i + 1..].iter().take(4) {
+        for next in all[i..].iter().take(4) {
             if next.starts_with("Error:") {
                 break;
             }
             entry.push(' ');
             entry.push_str(next);
         }
-        let entry: String = entry.chars().take(160).collect();
-        if !lines.contains(&entry) {
-            lines.push(entry);
+        let place = pairs
+            .iter()
+            .rev()
+            .find_map(|(e, f)| e.difference(f))
+            .or_else(|| pairs.last().map(|(e, _)| format!("in `{}`", e.type_name)));
+        entry = entry
+            .replace("Expected: ", "expected ")
+            .replace(" Found: ", ", found ");
+        let place = place.unwrap_or_default();
+        match places.iter_mut().find(|(p, _)| *p == place) {
+            Some((_, errors)) => {
+                if !errors.contains(&entry) {
+                    errors.push(entry)
+                }
+            }
+            None => places.push((place, vec![entry])),
         }
+    }
+    for (place, errors) in places {
+        let line = if place.is_empty() {
+            errors.join("; ")
+        } else {
+            format!("{place} ({})", errors.join("; "))
+        };
+        lines.push(line.chars().take(240).collect());
     }
     if lines.is_empty() {
         lines.push(first_line(report));
     }
     lines
+}
+
+/// The parts of one type's layout in the loader's report that name a difference.
+#[derive(Debug, Default)]
+struct Layout {
+    type_name: String,
+    /// `(name, type, size)` per field, in order.
+    fields: Vec<(String, String, String)>,
+}
+
+impl Layout {
+    /// Reads a layout block starting at `all[start]`; returns it and where the block ends.
+    fn parse(all: &[&str], start: usize) -> (Layout, usize) {
+        let mut layout = Layout::default();
+        let mut i = start;
+        while let Some(&line) = all.get(i) {
+            if line.starts_with("Layout of ") || line.starts_with("Error:") {
+                break;
+            }
+            if let Some(name) = line.strip_prefix("field_name:") {
+                let ty = all
+                    .get(i + 1)
+                    .and_then(|l| l.strip_prefix("type:"))
+                    .unwrap_or("");
+                let size = all
+                    .get(i + 2)
+                    .filter(|l| l.starts_with("size:"))
+                    .copied()
+                    .unwrap_or("");
+                layout
+                    .fields
+                    .push((name.to_string(), ty.to_string(), size.to_string()));
+            } else if let Some(ty) = line.strip_prefix("type:") {
+                if layout.type_name.is_empty() {
+                    // `EndpointView<'a>` reads better as `EndpointView`.
+                    layout.type_name = ty.split('<').next().unwrap_or(ty).to_string();
+                }
+            }
+            i += 1;
+        }
+        (layout, i)
+    }
+
+    /// Where `found` differs from `self` field by field, as `in `Type`, field ...`.
+    fn difference(&self, found: &Layout) -> Option<String> {
+        let ty = &self.type_name;
+        if *ty != found.type_name {
+            return None;
+        }
+        let count = self.fields.len().max(found.fields.len());
+        (0..count).find_map(|k| match (self.fields.get(k), found.fields.get(k)) {
+            (Some(e), Some(f)) if e.0 != f.0 => Some(format!(
+                "in `{ty}`, field `{}` is `{}` in the library",
+                e.0, f.0
+            )),
+            (Some(e), Some(f)) if e.1 != f.1 => Some(format!(
+                "in `{ty}`, field `{}` is `{}` here and `{}` in the library",
+                e.0, e.1, f.1
+            )),
+            (Some(e), Some(f)) if e.2 != f.2 => Some(format!(
+                "in `{ty}`, field `{}` ({}) has another size in the library",
+                e.0, e.1
+            )),
+            (Some(e), None) => Some(format!(
+                "in `{ty}`, field `{}` is missing from the library",
+                e.0
+            )),
+            (None, Some(f)) => Some(format!(
+                "in `{ty}`, the library has an extra field `{}`",
+                f.0
+            )),
+            _ => None,
+        })
+    }
 }

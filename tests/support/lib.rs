@@ -144,3 +144,33 @@ pub fn endpoints(n: usize) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+/// Views of `n` candidate endpoints `/pod1..`, for calling a plugin instance directly.
+pub fn endpoint_views(n: usize) -> Vec<switchyard_plugin_api::EndpointView<'static>> {
+    use switchyard_plugin_api::ffi::RStr;
+    (0..n)
+        .map(|slot| switchyard_plugin_api::EndpointView {
+            slot: slot as u32,
+            host_index: slot as u32,
+            id: RStr::from("/pod"),
+            address: RStr::from("127.0.0.1:9000"),
+            role: RStr::from(""),
+            metrics: switchyard_plugin_api::EndpointMetrics::default(),
+        })
+        .collect()
+}
+
+/// A request of `model` with no prompt, for calling a plugin instance directly.
+pub fn request_view(model: &'static str) -> switchyard_plugin_api::RequestView<'static> {
+    use switchyard_plugin_api::ffi::{RSlice, RStr};
+    switchyard_plugin_api::RequestView {
+        id: RStr::from("r"),
+        model: RStr::from(model),
+        cache_salt: RStr::from(""),
+        prompts: RSlice::from_slice(&[]),
+        max_output_tokens: -1,
+        now_ms: 0,
+        random_seed: 1,
+        explain: false,
+    }
+}

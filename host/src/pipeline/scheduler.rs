@@ -32,6 +32,7 @@ use super::record::{
 use super::request::{Endpoint, Fleet, Request};
 use super::tokenize::tokenize;
 use super::wiring::Pipeline;
+use crate::plugins::crash_note;
 
 /// Consecutive panics after which an instance is switched off for the life of the process.
 pub const POISON_AFTER_PANICS: u32 = 3;
@@ -97,8 +98,39 @@ pub struct PluginStats {
     pub timed_calls: u64,
     /// Their total duration, in nanoseconds.
     pub timed_nanos: u64,
+    /// Panics in a row, per entry point: a success of one entry point does not excuse
+    /// another that panics on every call.
     #[serde(skip)]
-    consecutive_panics: u32,
+    consecutive_panics: [u32; Entry::COUNT],
+    /// Whether a non-panic error of this instance was logged already.
+    #[serde(skip)]
+    error_logged: bool,
+}
+
+/// The entry points of an instance the scheduler calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Entry {
+    Produce,
+    Filter,
+    Score,
+    Pick,
+    Dispatched,
+    Completed,
+}
+
+impl Entry {
+    const COUNT: usize = 6;
+
+    fn name(self) -> &'static str {
+        match self {
+            Entry::Produce => "produce",
+            Entry::Filter => "filter",
+            Entry::Score => "score",
+            Entry::Pick => "pick",
+            Entry::Dispatched => "dispatched",
+            Entry::Completed => "completed",
+        }
+    }
 }
 
 /// One decision in this many has its filter, scorer and picker calls timed (a clock read per
@@ -271,6 +303,9 @@ struct Scratch {
     scores: Vec<f64>,
     totals: Vec<f64>,
     picked: Vec<u32>,
+    /// Candidate positions already picked in the current decision; all `false` between
+    /// decisions.
+    seen: Vec<bool>,
     /// Attribute stores of decided requests, emptied, for the next admissions.
     stores: Vec<Vec<AttrValue>>,
     /// Member lists of sealed windows, emptied, for the next windows.
@@ -305,6 +340,7 @@ impl Scheduler {
         let stats = vec![PluginStats::default(); pipeline.plugins.len()];
         let host_indices = (0..fleet.endpoints.len() as u32).collect();
         let windows = pipeline.producers.iter().map(|_| None).collect();
+        crate::plugins::crash_note::install();
         Scheduler {
             pipeline,
             fleet: Snapshot::new(fleet.endpoints, host_indices),
@@ -514,10 +550,12 @@ impl Scheduler {
             if self.skips(plugin) {
                 continue;
             }
-            let result = self.pipeline.plugins[plugin]
-                .object
-                .completed(&request, &endpoint, outcome);
-            self.account(plugin, &result);
+            let wired = &self.pipeline.plugins[plugin];
+            let result = {
+                let _call = crash_note::enter(&wired.call_label, Entry::Completed.name());
+                wired.object.completed(&request, &endpoint, outcome)
+            };
+            self.account(plugin, Entry::Completed, &result);
         }
         true
     }
@@ -613,6 +651,7 @@ impl Scheduler {
             };
             let out = &mut self.scratch.produced;
             fill_absent(out, offset as usize);
+            let _call = crash_note::enter(&plugin.call_label, Entry::Produce.name());
             plugin.object.produce(items, out)
         };
         let elapsed = started.elapsed();
@@ -628,9 +667,10 @@ impl Scheduler {
                     plugin.timeout_ms()
                 )))
             }
+            Ok(()) => check_produced(plugin, tickets, &self.scratch.produced, &pipeline.rows),
             other => other,
         };
-        self.account(plugin_index, &result);
+        self.account(plugin_index, Entry::Produce, &result);
         let error = result.err().map(|e| e.message.to_string());
         if let Some(message) = &error {
             tracing::debug!(producer = %plugin.label(), "produce failed: {message}");
@@ -680,30 +720,46 @@ impl Scheduler {
 
     /// Counts a call and applies the panic policy. Pickers are never switched off: a failing
     /// picker costs each request it fails, and there is no picker to fall back on.
-    fn account<T>(&mut self, plugin: usize, result: &Result<T, PluginError>) {
+    ///
+    /// Panics are counted per entry point, so a success of one (a producer's dispatch hook)
+    /// does not reset the streak of another (its produce call). The first error that is not
+    /// a panic is logged once per instance; later ones are counted and logged at debug level.
+    #[inline]
+    fn account<T>(&mut self, plugin: usize, entry: Entry, result: &Result<T, PluginError>) {
         let wired = &self.pipeline.plugins[plugin];
         let stats = &mut self.stats[plugin];
         stats.calls += 1;
+        let streak = &mut stats.consecutive_panics[entry as usize];
         let Err(error) = result else {
-            stats.consecutive_panics = 0;
+            *streak = 0;
             return;
         };
         stats.errors += 1;
         if error.kind != ErrorKind::Panicked {
-            stats.consecutive_panics = 0;
+            *streak = 0;
+            if !stats.error_logged {
+                stats.error_logged = true;
+                tracing::warn!(
+                    plugin = %wired.label(),
+                    "{} failed: {} (later errors of this plugin are counted, not logged; \
+                     RUST_LOG=debug shows each)",
+                    entry.name(),
+                    error.message
+                );
+            }
             return;
         }
         stats.panics += 1;
-        stats.consecutive_panics += 1;
-        tracing::error!(plugin = %wired.label(), "{}", error.message);
-        if stats.consecutive_panics >= POISON_AFTER_PANICS
-            && !stats.poisoned
-            && wired.kind != PluginKind::Picker
-        {
+        *streak += 1;
+        let streak = *streak;
+        tracing::error!(plugin = %wired.label(), "{}: {}", entry.name(), error.message);
+        if streak >= POISON_AFTER_PANICS && !stats.poisoned && wired.kind != PluginKind::Picker {
             stats.poisoned = true;
             tracing::error!(
                 plugin = %wired.label(),
-                "switched off after {POISON_AFTER_PANICS} panics in a row; its stage now fails open"
+                "switched off after {POISON_AFTER_PANICS} panics in a row in {}; its stage now \
+                 fails open",
+                entry.name()
             );
         }
     }
@@ -774,10 +830,12 @@ impl Scheduler {
             if self.skips(producer) {
                 continue;
             }
-            let result = self.pipeline.plugins[producer]
-                .object
-                .dispatched(&request, &primary);
-            self.account(producer, &result);
+            let wired = &self.pipeline.plugins[producer];
+            let result = {
+                let _call = crash_note::enter(&wired.call_label, Entry::Dispatched.name());
+                wired.object.dispatched(&request, &primary)
+            };
+            self.account(producer, Entry::Dispatched, &result);
         }
         drop(candidates);
         let request_id = admitted.id.clone();
@@ -824,11 +882,14 @@ impl Scheduler {
             note.clear();
             let attrs = attr_view(store, stride, &plugin.consumed_rows);
             let started = self.sampled().then(Instant::now);
-            let result = plugin
-                .object
-                .filter(request, candidates, &attrs, &mut keep, &mut note);
+            let result = {
+                let _call = crash_note::enter(&plugin.call_label, Entry::Filter.name());
+                plugin
+                    .object
+                    .filter(request, candidates, &attrs, &mut keep, &mut note)
+            };
             self.timed(filter, started);
-            self.account(filter, &result);
+            self.account(filter, Entry::Filter, &result);
             if result.is_ok() && keep.contains(&false) {
                 let mut kept = keep.iter();
                 candidates
@@ -881,11 +942,14 @@ impl Scheduler {
             note.clear();
             let attrs = attr_view(store, stride, &plugin.consumed_rows);
             let started = self.sampled().then(Instant::now);
-            let result = plugin
-                .object
-                .score(request, candidates, &attrs, &mut scores, &mut note);
+            let result = {
+                let _call = crash_note::enter(&plugin.call_label, Entry::Score.name());
+                plugin
+                    .object
+                    .score(request, candidates, &attrs, &mut scores, &mut note)
+            };
             self.timed(scorer.plugin, started);
-            self.account(scorer.plugin, &result);
+            self.account(scorer.plugin, Entry::Score, &result);
             if result.is_err() {
                 scores.fill(0.0);
             }
@@ -931,25 +995,27 @@ impl Scheduler {
         candidates: &[EndpointView<'_>],
     ) -> Result<Vec<usize>, Rejection> {
         let picker_index = self.pipeline.picker;
+        let picker = &self.pipeline.plugins[picker_index];
         let mut picked = std::mem::take(&mut self.scratch.picked);
         picked.clear();
-        picked.resize(candidates.len(), 0);
+        // Positions the picker leaves unwritten stay out of range.
+        picked.resize(candidates.len(), UNWRITTEN);
         let started = self.sampled().then(Instant::now);
-        let result = self.pipeline.plugins[picker_index].object.pick(
-            request,
-            candidates,
-            &self.scratch.totals,
-            &mut picked,
-        );
+        let result = {
+            let _call = crash_note::enter(&picker.call_label, Entry::Pick.name());
+            picker
+                .object
+                .pick(request, candidates, &self.scratch.totals, &mut picked)
+        };
         self.timed(picker_index, started);
-        self.account(picker_index, &result);
+        let result = result
+            .and_then(|count| check_picks(&picked, count, &mut self.scratch.seen).map(|()| count));
+        self.account(picker_index, Entry::Pick, &result);
         let outcome = match result {
-            Ok(count) if count > 0 => Ok(picked[..count]
+            Ok(count) => Ok(picked[..count]
                 .iter()
-                .filter_map(|&p| candidates.get(p as usize))
-                .map(|e| e.slot as usize)
+                .map(|&p| candidates[p as usize].slot as usize)
                 .collect()),
-            Ok(_) => Err("it chose no endpoint".to_string()),
             Err(error) => Err(error.message.to_string()),
         };
         self.scratch.picked = picked;
@@ -958,6 +1024,93 @@ impl Scheduler {
             reason,
         })
     }
+}
+
+/// What the picker's buffer holds where it wrote nothing.
+const UNWRITTEN: u32 = u32::MAX;
+
+/// A picker's answer is `count` distinct positions among the candidates, all written.
+/// `seen` is all `false` on entry and on return.
+fn check_picks(picked: &[u32], count: usize, seen: &mut Vec<bool>) -> Result<(), PluginError> {
+    let candidates = picked.len();
+    if count == 0 {
+        return Err(PluginError::failed("it chose no endpoint"));
+    }
+    if count > candidates {
+        return Err(PluginError::failed(format!(
+            "bad output: it returned {count} positions for {candidates} candidates"
+        )));
+    }
+    if seen.len() < candidates {
+        seen.resize(candidates, false);
+    }
+    let mut problem = None;
+    let mut marked = 0;
+    for (i, &position) in picked[..count].iter().enumerate() {
+        if position == UNWRITTEN {
+            problem = Some(format!("it returned {count} positions but wrote only {i}"));
+            break;
+        }
+        let Some(slot) = seen
+            .get_mut(position as usize)
+            .filter(|_| (position as usize) < candidates)
+        else {
+            problem = Some(format!(
+                "it chose position {position}, out of range for {candidates} candidates"
+            ));
+            break;
+        };
+        if *slot {
+            problem = Some(format!("it chose position {position} twice"));
+            break;
+        }
+        *slot = true;
+        marked = i + 1;
+    }
+    for &position in &picked[..marked] {
+        seen[position as usize] = false;
+    }
+    match problem {
+        None => Ok(()),
+        Some(message) => Err(PluginError::failed(format!("bad output: {message}"))),
+    }
+}
+
+/// A producer's output holds, under each key of a well-known data type, only that type's
+/// values. Checked over the host's buffer after the call, allocating nothing unless it fails.
+fn check_produced(
+    plugin: &super::wiring::WiredPlugin,
+    tickets: &[Ticket],
+    produced: &[AttrValue],
+    rows: &[switchyard_plugin_api::DataKey],
+) -> Result<(), PluginError> {
+    if plugin
+        .produced_checks
+        .iter()
+        .all(|c| *c == super::wiring::ValueCheck::Any)
+    {
+        return Ok(());
+    }
+    let keys = plugin.produced_checks.len();
+    let mut offset = 0;
+    for ticket in tickets {
+        let n = ticket.request.fleet.len();
+        for (k, check) in plugin.produced_checks.iter().enumerate() {
+            let values = &produced[offset + k * n..][..n];
+            if let Some(e) = values.iter().position(|v| !check.accepts(v)) {
+                return Err(PluginError::failed(format!(
+                    "bad output: it wrote a {} value under {} for endpoint {}, which holds {}; \
+                     the call's output was discarded",
+                    super::wiring::variant_name(&values[e]),
+                    rows[plugin.produced_rows[k] as usize],
+                    ticket.request.fleet.endpoints[e].id,
+                    check.expected()
+                )));
+            }
+        }
+        offset += keys * n;
+    }
+    Ok(())
 }
 
 /// The item of one ticket in a produce call whose outputs so far end at `offset`; advances

@@ -6,7 +6,9 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 
-use switchyard_plugin_api::{keys, DataKey, Declarations, PluginInstance, PluginKind, Stability};
+use switchyard_plugin_api::{
+    keys, AttrValue, DataKey, Declarations, PluginInstance, PluginKind, Stability,
+};
 
 use crate::config::{parameters_json, ConfigError, LoadedConfig, ProfileConfig, WeightedScorer};
 use crate::plugins::{Registry, Source};
@@ -40,6 +42,64 @@ pub struct WiredPlugin {
     pub consumed_rows: Vec<u32>,
     /// Row of each declared produced key (same order).
     pub produced_rows: Vec<u32>,
+    /// What a value of each declared produced key may be (same order).
+    pub produced_checks: Vec<ValueCheck>,
+    /// `name` or `name (type)`, kept for naming the plugin when a call ends the process.
+    pub call_label: String,
+}
+
+/// Which values a produced key may hold: a well-known data type holds its own variant (or
+/// nothing); any other data type is the producer's and its consumers' business.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueCheck {
+    Any,
+    PrefixCacheMatch,
+    InFlightLoad,
+    LatencyPrediction,
+}
+
+impl ValueCheck {
+    pub fn for_data_type(data_type: &str) -> ValueCheck {
+        match data_type {
+            keys::PREFIX_CACHE_MATCH_INFO => ValueCheck::PrefixCacheMatch,
+            keys::IN_FLIGHT_LOAD => ValueCheck::InFlightLoad,
+            keys::LATENCY_PREDICTION => ValueCheck::LatencyPrediction,
+            _ => ValueCheck::Any,
+        }
+    }
+
+    #[inline]
+    pub fn accepts(self, value: &AttrValue) -> bool {
+        matches!(
+            (self, value),
+            (ValueCheck::Any, _)
+                | (_, AttrValue::Absent)
+                | (ValueCheck::PrefixCacheMatch, AttrValue::PrefixCacheMatch(_))
+                | (ValueCheck::InFlightLoad, AttrValue::InFlightLoad(_))
+                | (ValueCheck::LatencyPrediction, AttrValue::LatencyPrediction(_))
+        )
+    }
+
+    /// The variant a key of this check holds, for messages.
+    pub fn expected(self) -> &'static str {
+        match self {
+            ValueCheck::Any => "any value",
+            ValueCheck::PrefixCacheMatch => "PrefixCacheMatch values",
+            ValueCheck::InFlightLoad => "InFlightLoad values",
+            ValueCheck::LatencyPrediction => "LatencyPrediction values",
+        }
+    }
+}
+
+/// The variant name of a value, for messages.
+pub fn variant_name(value: &AttrValue) -> &'static str {
+    match value {
+        AttrValue::Absent => "Absent",
+        AttrValue::PrefixCacheMatch(_) => "PrefixCacheMatch",
+        AttrValue::InFlightLoad(_) => "InFlightLoad",
+        AttrValue::LatencyPrediction(_) => "LatencyPrediction",
+        AttrValue::Custom(_) => "Custom",
+    }
 }
 
 impl WiredPlugin {
@@ -51,11 +111,16 @@ impl WiredPlugin {
     }
 
     pub fn label(&self) -> String {
-        if self.name == self.type_name {
-            self.name.clone()
-        } else {
-            format!("{} ({})", self.name, self.type_name)
-        }
+        label(&self.name, &self.type_name)
+    }
+}
+
+/// `name`, or `name (type)` when they differ.
+pub fn label(name: &str, type_name: &str) -> String {
+    if name == type_name {
+        name.to_string()
+    } else {
+        format!("{name} ({type_name})")
     }
 }
 
@@ -137,6 +202,11 @@ pub fn build(
         if plugin_type.stability() == Stability::Alpha && !allow_alpha {
             return Err(error(alpha_refusal(&entry.type_name)));
         }
+        if let Some(unknown) = undeclared_parameter(plugin_type, entry.parameters.as_ref()) {
+            return Err(ConfigError::new(&config.path, unknown.1)
+                .at_line(config.plugin_line(index, Some(&unknown.0)))
+                .plugin(&entry.name, &entry.type_name));
+        }
         let object = plugin_type
             .create(&entry.name, &parameters_json(&entry.parameters))
             .map_err(|e| {
@@ -178,6 +248,33 @@ pub fn build(
     })
 }
 
+/// The first parameter the type does not declare, with the message refusing it. The host
+/// checks this itself, so a plugin that ignores unknown parameters cannot let a misspelt one
+/// through silently.
+fn undeclared_parameter(
+    plugin_type: &crate::plugins::PluginType,
+    parameters: Option<&toml::Table>,
+) -> Option<(String, String)> {
+    let declared = plugin_type.parameters();
+    let unknown = parameters?
+        .keys()
+        .find(|key| !declared.iter().any(|p| p.name.as_str() == key.as_str()))?;
+    let valid = if declared.is_empty() {
+        format!("type '{}' takes no parameters", plugin_type.name())
+    } else {
+        let names: Vec<&str> = declared.iter().map(|p| p.name.as_str()).collect();
+        format!(
+            "valid parameters of type '{}': {}",
+            plugin_type.name(),
+            names.join(", ")
+        )
+    };
+    Some((
+        unknown.clone(),
+        format!("unknown parameter `{unknown}`; {valid}"),
+    ))
+}
+
 fn alpha_refusal(type_name: &str) -> String {
     format!(
         "plugin type '{type_name}' is alpha (experimental); set \
@@ -192,8 +289,19 @@ fn wire_instance(
     object: PluginInstance,
     auto_created: bool,
 ) -> WiredPlugin {
-    let declarations = object.declarations();
+    let call_label = label(&name, plugin_type.name());
+    let declarations = {
+        let _call = crate::plugins::crash_note::enter(&call_label, "declare");
+        object.declarations()
+    };
+    let produced_checks = declarations
+        .produces
+        .iter()
+        .map(|key| ValueCheck::for_data_type(key.data_type.as_str()))
+        .collect();
     WiredPlugin {
+        produced_checks,
+        call_label,
         name,
         type_name: plugin_type.name().to_string(),
         kind: plugin_type.kind(),

@@ -2,6 +2,7 @@
 //! holds both.
 
 pub mod builtin;
+pub mod crash_note;
 pub mod registry;
 
 pub use registry::{PluginType, Registry, RegistryError, Source};

@@ -68,6 +68,8 @@ impl PluginType {
         instance_name: &str,
         parameters_json: &str,
     ) -> Result<PluginInstance, PluginError> {
+        let label = crate::pipeline::wiring::label(instance_name, self.name());
+        let _call = super::crash_note::enter(&label, "create");
         match self.maker {
             Maker::Builtin(factory) => {
                 let created =
@@ -75,7 +77,7 @@ impl PluginType {
                         .unwrap_or_else(|_| {
                             Err(PluginError::failed("the plugin's constructor panicked"))
                         });
-                created.map(|instance| instance.into_ffi())
+                created.map(|instance| instance.into_ffi_named(&label))
             }
             Maker::Library(library) => library.create(self.name(), instance_name, parameters_json),
         }

@@ -46,7 +46,12 @@ pub fn create_instance(
             .ok_or_else(|| {
                 PluginError::unsupported(format!("this library has no plugin type `{type_name}`"))
             })?;
-        (factory.create)(instance_name, parameters).map(|instance| instance.into_ffi())
+        let label = if instance_name == type_name {
+            instance_name.to_string()
+        } else {
+            format!("{instance_name} ({type_name})")
+        };
+        (factory.create)(instance_name, parameters).map(|instance| instance.into_ffi_named(&label))
     })
 }
 

@@ -58,20 +58,26 @@ impl Declare {
 /// The outputs of one produce call: values per item, per declared produced key, per endpoint.
 pub struct ProduceBatch<'a> {
     out: &'a mut [AttrValue],
+    /// How many keys the producer declared, read off the buffer the host sized for them.
+    keys: usize,
 }
 
 impl<'a> ProduceBatch<'a> {
     #[inline]
-    pub(crate) fn new(out: &'a mut [AttrValue]) -> Self {
-        ProduceBatch { out }
+    pub(crate) fn new(out: &'a mut [AttrValue], items: &[ProduceItem<'_>]) -> Self {
+        // The host gives every item `keys × endpoints` values.
+        let width: usize = items.iter().map(|item| item.endpoints.len()).sum();
+        let keys = out.len().checked_div(width).unwrap_or(0);
+        ProduceBatch { out, keys }
     }
 
     /// Sets the `key`-th declared produced value of `item` on its `endpoint`-th candidate.
-    /// Out-of-range positions are ignored.
+    /// A key past the declared ones, or an endpoint past the item's candidates, is ignored:
+    /// a write never reaches another key's or another request's values.
     #[inline]
     pub fn put(&mut self, item: &ProduceItem<'_>, key: usize, endpoint: usize, value: AttrValue) {
         let width = item.endpoints.len();
-        if endpoint >= width {
+        if endpoint >= width || key >= self.keys {
             return;
         }
         let index = item.out_offset as usize + key * width + endpoint;

@@ -37,9 +37,19 @@ impl Instance {
     /// Hands the implementation over as a boundary object (the host does this for its
     /// built-in plugins; libraries do it through [`crate::export_plugins!`]).
     pub fn into_ffi(self) -> PluginInstance {
-        let state = Box::into_raw(Box::new(self)).cast::<c_void>();
-        // SAFETY: `state` is a leaked `Box<Instance>` released only by `drop_instance`;
-        // `Instance` is `Send + Sync` because every trait object in it is.
+        self.into_ffi_named("")
+    }
+
+    /// As [`Instance::into_ffi`], remembering the instance's name for the messages the SDK
+    /// sends on its behalf (a panicking `declare`).
+    pub fn into_ffi_named(self, label: &str) -> PluginInstance {
+        let hosted = Hosted {
+            label: label.to_string(),
+            inner: self,
+        };
+        let state = Box::into_raw(Box::new(hosted)).cast::<c_void>();
+        // SAFETY: `state` is a leaked `Box<Hosted>` released only by `drop_instance`;
+        // `Hosted` is `Send + Sync` because every trait object in it is.
         unsafe { PluginInstance::from_raw(state, &VTABLE) }
     }
 
@@ -61,6 +71,13 @@ impl Instance {
             Instance::Picker(_) => None,
         }
     }
+}
+
+/// What an instance's state pointer points at.
+struct Hosted {
+    /// `name` or `name (type)`; empty when unknown.
+    label: String,
+    inner: Instance,
 }
 
 static VTABLE: InstanceVTable = InstanceVTable {
@@ -99,9 +116,15 @@ pub(crate) fn guarded<T>(body: impl FnOnce() -> Result<T, PluginError>) -> RResu
 }
 
 /// # Safety
-/// `this` must come from [`Instance::into_ffi`] and not be dropped yet.
+/// `this` must come from [`Instance::into_ffi_named`] and not be dropped yet.
+unsafe fn hosted<'a>(this: *const c_void) -> &'a Hosted {
+    &*this.cast::<Hosted>()
+}
+
+/// # Safety
+/// As [`hosted`].
 unsafe fn instance<'a>(this: *const c_void) -> &'a Instance {
-    &*this.cast::<Instance>()
+    &hosted(this).inner
 }
 
 fn wrong_kind(call: &str) -> PluginError {
@@ -109,7 +132,26 @@ fn wrong_kind(call: &str) -> PluginError {
 }
 
 unsafe extern "C" fn declarations(this: *const c_void) -> Declarations {
-    let declared = catch_unwind(AssertUnwindSafe(|| instance(this).declare())).unwrap_or_default();
+    let hosted = hosted(this);
+    let declared =
+        catch_unwind(AssertUnwindSafe(|| hosted.inner.declare())).unwrap_or_else(|payload| {
+            // The host reads declarations once per instance, so this is said once.
+            let target = if hosted.label.is_empty() {
+                "plugin-panic"
+            } else {
+                &hosted.label
+            };
+            super::log::emit(
+                crate::abi::LogLevel::Error,
+                target,
+                &format!(
+                    "declare panicked: {}; this instance declares nothing (it reads and writes no \
+                 data and gets no batch window)",
+                    panic_message(payload)
+                ),
+            );
+            Declare::default()
+        });
     Declarations {
         produces: declared.produces.into(),
         consumes: declared.consumes.into(),
@@ -125,7 +167,10 @@ unsafe extern "C" fn produce(
     mut out: RSliceMut<'_, AttrValue>,
 ) -> RResult<(), PluginError> {
     guarded(|| match instance(this) {
-        Instance::Producer(p) => p.produce(items.as_slice(), &mut ProduceBatch::new(&mut out)),
+        Instance::Producer(p) => {
+            let items = items.as_slice();
+            p.produce(items, &mut ProduceBatch::new(&mut out, items))
+        }
         _ => Err(wrong_kind("produce")),
     })
 }
@@ -248,6 +293,6 @@ unsafe extern "C" fn extension(
 unsafe extern "C" fn drop_instance(this: *mut c_void) {
     // A panicking destructor must not unwind into the host; the instance is gone either way.
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        drop(Box::from_raw(this.cast::<Instance>()))
+        drop(Box::from_raw(this.cast::<Hosted>()))
     }));
 }
