@@ -76,7 +76,10 @@ impl ValueCheck {
                 | (_, AttrValue::Absent)
                 | (ValueCheck::PrefixCacheMatch, AttrValue::PrefixCacheMatch(_))
                 | (ValueCheck::InFlightLoad, AttrValue::InFlightLoad(_))
-                | (ValueCheck::LatencyPrediction, AttrValue::LatencyPrediction(_))
+                | (
+                    ValueCheck::LatencyPrediction,
+                    AttrValue::LatencyPrediction(_)
+                )
         )
     }
 
