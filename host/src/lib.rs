@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod effective;
+pub mod extproc;
 pub mod fleet;
 pub mod jsonl;
 pub mod live;

@@ -100,6 +100,9 @@ enum Command {
         #[arg(long)]
         journal: Option<PathBuf>,
     },
+    /// The endpoint picker behind Envoy: serves Envoy's ext_proc gRPC protocol with the
+    /// reference picker's flags and ports (see docs/ext-proc.md).
+    ExtProc(switchyard::extproc::ExtProcArgs),
     /// Work with configuration files.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -159,9 +162,17 @@ enum ConfigCommand {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "ext-proc") {
+        if let Err(message) = switchyard::extproc::flags::refuse_unsupported(&args[2..]) {
+            eprintln!("error: {message}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let cli = Cli::parse_from(args);
     let (json_logs, default_level) = match &cli.command {
         Command::Serve { log_format, .. } => (log_format == "json", "info"),
+        Command::ExtProc(args) => (args.log_format == "json", args.log_level()),
         Command::MockReplica(_) => (false, "info"),
         _ => (false, "warn"),
     };
@@ -239,6 +250,10 @@ fn run(command: Command) -> Result<(), String> {
                 output: output.clone(),
             };
             config_import(&file, output.as_deref(), force, &options)
+        }
+        Command::ExtProc(args) => {
+            let config = read_config(&args.config_file)?;
+            runtime()?.block_on(switchyard::extproc::run(config, args))
         }
         Command::MockReplica(options) => {
             runtime()?.block_on(switchyard::mock_replica::run(options))

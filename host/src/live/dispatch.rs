@@ -41,6 +41,29 @@ pub struct Limits {
 pub struct Placed {
     pub endpoint_id: String,
     pub address: String,
+    /// Addresses of the picker's further choices, best first (empty when it chose one).
+    pub fallbacks: Vec<String>,
+}
+
+/// The endpoints a gateway allows for one request: `ip:port` entries, a bare IP meaning
+/// every port of that host.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Subset {
+    pub entries: Vec<String>,
+}
+
+impl Subset {
+    /// Whether an endpoint at `address` (`host:port`) is allowed.
+    pub fn allows(&self, address: &str) -> bool {
+        let host = address
+            .rsplit_once(':')
+            .map_or(address, |(host, _)| host)
+            .trim_start_matches('[')
+            .trim_end_matches(']');
+        self.entries.iter().any(|entry| {
+            entry == address || entry.trim_start_matches('[').trim_end_matches(']') == host
+        })
+    }
 }
 
 /// The outcome of placing one request.
@@ -184,7 +207,16 @@ impl LiveScheduler {
 
     /// Places `request`: admits it now and waits for its decision (at once, or when its
     /// window seals). Dropping the future withdraws the request or releases its charge.
-    pub async fn place(self: &Arc<Self>, mut request: Request) -> Placement {
+    pub async fn place(self: &Arc<Self>, request: Request) -> Placement {
+        self.place_within(request, None).await
+    }
+
+    /// As [`LiveScheduler::place`], choosing only among the endpoints `subset` allows.
+    pub async fn place_within(
+        self: &Arc<Self>,
+        mut request: Request,
+        subset: Option<&Subset>,
+    ) -> Placement {
         let arrival_ms;
         let receiver;
         let request_id;
@@ -218,7 +250,12 @@ impl LiveScheduler {
             inner.live_ids.insert(request_id.clone());
             inner.waiting.insert(request_id.clone(), sender);
             let started = Instant::now();
-            let decisions = inner.scheduler.submit(request, now);
+            let decisions = match subset {
+                None => inner.scheduler.submit(request, now),
+                Some(subset) => inner
+                    .scheduler
+                    .submit_within(request, now, |e| subset.allows(&e.address)),
+            };
             let cost = started.elapsed();
             if decisions.is_empty() {
                 self.window_due.notify_one();
@@ -408,9 +445,14 @@ impl LiveScheduler {
                 Ok(_) => {
                     let id = decision.endpoints.first().cloned().unwrap_or_default();
                     let address = inner.addresses.get(&id).cloned().unwrap_or_default();
+                    let fallbacks = decision.endpoints[1.min(decision.endpoints.len())..]
+                        .iter()
+                        .filter_map(|id| inner.addresses.get(id).cloned())
+                        .collect();
                     Ok(Placed {
                         endpoint_id: id,
                         address,
+                        fallbacks,
                     })
                 }
                 Err(rejection) => Err(rejection),

@@ -8,4 +8,4 @@ pub mod dispatch;
 pub mod journal;
 
 pub use clock::RealClock;
-pub use dispatch::{InFlight, Limits, LiveScheduler, Placed, Placement};
+pub use dispatch::{InFlight, Limits, LiveScheduler, Placed, Placement, Subset};

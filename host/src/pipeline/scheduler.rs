@@ -446,6 +446,35 @@ impl Scheduler {
     /// own, unless it waits in a window).
     pub fn submit(&mut self, request: Request, now_ms: f64) -> Vec<Decision> {
         let fleet = self.fleet.clone();
+        self.admit(request, fleet, now_ms)
+    }
+
+    /// As [`Scheduler::submit`], with the candidates limited to the endpoints `keep` accepts
+    /// (a gateway's subset hint). Endpoints keep their host index, so per-endpoint plugin
+    /// state follows them.
+    pub fn submit_within(
+        &mut self,
+        request: Request,
+        now_ms: f64,
+        keep: impl Fn(&Endpoint) -> bool,
+    ) -> Vec<Decision> {
+        let fleet = if self.fleet.endpoints.iter().all(&keep) {
+            self.fleet.clone()
+        } else {
+            let (endpoints, indices): (Vec<Endpoint>, Vec<u32>) = self
+                .fleet
+                .endpoints
+                .iter()
+                .zip(self.fleet.host_indices.iter())
+                .filter(|(e, _)| keep(e))
+                .map(|(e, &i)| (e.clone(), i))
+                .unzip();
+            Snapshot::new(endpoints.into(), indices.into())
+        };
+        self.admit(request, fleet, now_ms)
+    }
+
+    fn admit(&mut self, request: Request, fleet: Snapshot, now_ms: f64) -> Vec<Decision> {
         let record = self.explain.then(|| DecisionRecord {
             candidates: fleet.endpoints.iter().map(|e| e.id.clone()).collect(),
             ..DecisionRecord::default()

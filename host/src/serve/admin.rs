@@ -10,14 +10,36 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 
 use super::api::Router;
+use super::metrics::Metrics;
 use super::response::{self, ServeBody};
+use crate::fleet::FleetState;
+use crate::live::LiveScheduler;
+
+/// What the operator-facing routes read: the shared state of a live driver.
+pub trait Observed: Send + Sync + 'static {
+    fn live(&self) -> &Arc<LiveScheduler>;
+    fn fleet(&self) -> Arc<FleetState>;
+    fn metrics(&self) -> &Metrics;
+}
+
+impl Observed for Router {
+    fn live(&self) -> &Arc<LiveScheduler> {
+        &self.live
+    }
+    fn fleet(&self) -> Arc<FleetState> {
+        self.fleet.current()
+    }
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+}
 
 /// How many decision records `/decisions` returns unless `?limit=` says otherwise.
 const DEFAULT_RECORDS: usize = 100;
 
 /// The metrics listener's routes.
-pub async fn observe(
-    router: Arc<Router>,
+pub async fn observe<O: Observed>(
+    router: Arc<O>,
     draining: Arc<AtomicBool>,
     request: Request<Incoming>,
 ) -> Response<ServeBody> {
@@ -26,16 +48,16 @@ pub async fn observe(
     }
     match request.uri().path() {
         "/metrics" => {
-            let fleet = router.fleet.current();
+            let fleet = router.fleet();
             response::text(
                 StatusCode::OK,
-                router.metrics.render(&router.live, &fleet),
+                router.metrics().render(router.live(), &fleet),
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
             )
         }
         "/health" => response::json(StatusCode::OK, &json!({"status": "ok"})),
         "/ready" => {
-            let fleet = router.fleet.current();
+            let fleet = router.fleet();
             let fresh = fleet.members.iter().filter(|m| m.fresh).count();
             let draining = draining.load(Ordering::Relaxed);
             let ready = fresh > 0 && !draining;
@@ -63,8 +85,8 @@ pub async fn observe(
 }
 
 /// The admin API's routes.
-pub async fn admin(
-    router: Arc<Router>,
+pub async fn admin<O: Observed>(
+    router: Arc<O>,
     effective_config: Arc<String>,
     request: Request<Incoming>,
 ) -> Response<ServeBody> {
@@ -80,7 +102,7 @@ pub async fn admin(
                 .and_then(|v| v.parse::<usize>().ok())
                 .unwrap_or(DEFAULT_RECORDS);
             let records: Vec<Value> = router
-                .live
+                .live()
                 .records(limit)
                 .iter()
                 .map(|r| serde_json::to_value(&**r).unwrap_or(Value::Null))
@@ -89,7 +111,7 @@ pub async fn admin(
         }
         "/plugins" => {
             let plugins: Vec<Value> = router
-                .live
+                .live()
                 .plugin_stats()
                 .into_iter()
                 .map(|(label, type_name, stats)| {
@@ -112,7 +134,7 @@ pub async fn admin(
         }
         "/plugins/state" => {
             let mut states = serde_json::Map::new();
-            for (label, state) in router.live.plugin_states() {
+            for (label, state) in router.live().plugin_states() {
                 let value = match state {
                     Ok(text) => serde_json::from_str(&text).unwrap_or(Value::String(text)),
                     Err(reason) => json!({"unavailable": reason}),
@@ -122,8 +144,8 @@ pub async fn admin(
             response::json(StatusCode::OK, &Value::Object(states))
         }
         "/fleet" => {
-            let fleet = router.fleet.current();
-            let (in_flight, _) = router.live.in_flight();
+            let fleet = router.fleet();
+            let (in_flight, _) = router.live().in_flight();
             let members: Vec<Value> = fleet
                 .members
                 .iter()

@@ -57,7 +57,7 @@ impl RequestIds {
         }
     }
 
-    fn generate(&self) -> String {
+    pub fn generate(&self) -> String {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         format!("{:012x}-{n}", self.prefix & 0xffff_ffff_ffff)
     }

@@ -60,6 +60,8 @@ pub struct Metrics {
     requests: Family<Labels, Counter>,
     upstream_errors: Family<Labels, Counter>,
     retries: Counter,
+    served_elsewhere: Counter,
+    completion_tokens: Counter,
     decision_seconds: Histogram,
     window_wait_seconds: Histogram,
 }
@@ -70,6 +72,8 @@ impl Default for Metrics {
             requests: Family::default(),
             upstream_errors: Family::default(),
             retries: Counter::default(),
+            served_elsewhere: Counter::default(),
+            completion_tokens: Counter::default(),
             decision_seconds: Histogram::new(exponential_buckets(1e-6, 2.0, 20)),
             window_wait_seconds: Histogram::new(exponential_buckets(1e-4, 2.0, 16)),
         }
@@ -95,6 +99,16 @@ impl Metrics {
                 ("kind", kind.to_string()),
             ])
             .inc();
+    }
+
+    /// The data plane reported serving a request on another endpoint than the one picked.
+    pub fn served_elsewhere(&self) {
+        self.served_elsewhere.inc();
+    }
+
+    /// Output tokens a completed request reported in its `usage`.
+    pub fn completion_tokens(&self, tokens: u64) {
+        self.completion_tokens.inc_by(tokens);
     }
 
     pub fn retry(&self) {
@@ -128,6 +142,16 @@ impl Metrics {
             "retries",
             "Requests sent to another candidate after a refused connection",
             self.retries.clone(),
+        );
+        registry.register(
+            "served_endpoint_mismatches",
+            "Responses the data plane reported as served by another endpoint than the picked one",
+            self.served_elsewhere.clone(),
+        );
+        registry.register(
+            "completion_tokens",
+            "Output tokens reported in the usage of completed responses (ext-proc)",
+            self.completion_tokens.clone(),
         );
         registry.register(
             "decision_duration_seconds",

@@ -5,7 +5,7 @@
 //! SIGTERM or SIGINT the router stops accepting, reports not ready, lets requests in flight
 //! finish within `drain_timeout_ms`, and exits.
 
-mod admin;
+pub(crate) mod admin;
 pub mod api;
 pub mod metrics;
 pub mod response;
@@ -183,7 +183,7 @@ pub async fn run(
 }
 
 /// Distinguishes the ids this process generates from another's.
-fn id_prefix() -> u64 {
+pub(crate) fn id_prefix() -> u64 {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
@@ -191,7 +191,7 @@ fn id_prefix() -> u64 {
 }
 
 /// `text` as a socket address, with its port replaced by `port` when given.
-fn address(key: &str, text: &str, port: Option<u16>) -> Result<SocketAddr, String> {
+pub(crate) fn address(key: &str, text: &str, port: Option<u16>) -> Result<SocketAddr, String> {
     let mut addr: SocketAddr = text
         .parse()
         .map_err(|_| format!("{key} = '{text}' is not an address like 0.0.0.0:8080"))?;
@@ -201,20 +201,20 @@ fn address(key: &str, text: &str, port: Option<u16>) -> Result<SocketAddr, Strin
     Ok(addr)
 }
 
-async fn bind(what: &str, addr: SocketAddr) -> Result<TcpListener, String> {
+pub(crate) async fn bind(what: &str, addr: SocketAddr) -> Result<TcpListener, String> {
     TcpListener::bind(addr)
         .await
         .map_err(|e| format!("cannot listen for the {what} on {addr}: {e}"))
 }
 
-fn local(listener: &TcpListener) -> String {
+pub(crate) fn local(listener: &TcpListener) -> String {
     listener
         .local_addr()
         .map_or_else(|_| "?".to_string(), |a| a.to_string())
 }
 
 /// Waits for SIGTERM or SIGINT and names it.
-async fn shutdown_signal() -> Result<&'static str, String> {
+pub(crate) async fn shutdown_signal() -> Result<&'static str, String> {
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
     tokio::select! {
@@ -227,7 +227,7 @@ async fn shutdown_signal() -> Result<&'static str, String> {
 
 /// Serves HTTP/1.1 connections with `handler` until `stop`, then waits up to `drain` for the
 /// connections' requests to finish.
-async fn accept<H, F>(
+pub(crate) async fn accept<H, F>(
     listener: TcpListener,
     mut stop: watch::Receiver<bool>,
     drain: Duration,

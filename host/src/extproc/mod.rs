@@ -1,0 +1,352 @@
+//! `switchyard ext-proc`: the endpoint picker behind Envoy, serving
+//! `envoy.service.ext_proc.v3.ExternalProcessor` with the reference's flags and ports.
+//!
+//! Listeners: the ext_proc gRPC service (`--grpc-port`, TLS unless `--secure-serving=false`),
+//! `grpc.health.v1` (`--grpc-health-port`), `/metrics` `/health` `/ready` (`--metrics-port`)
+//! and, when asked, the admin API on loopback. The fleet, the scheduler on the real clock,
+//! the request lifecycle, the metrics and the operator routes are the ones `serve` uses.
+
+mod conversation;
+pub mod flags;
+pub mod messages;
+mod usage;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
+    ExternalProcessor, ExternalProcessorServer,
+};
+use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+use tonic::{Request, Response, Status, Streaming};
+use tonic_health::ServingStatus;
+
+use crate::config::LoadedConfig;
+use crate::fleet::{FleetState, LiveFleet};
+use crate::live::{Limits, LiveScheduler, RealClock};
+use crate::pipeline::{build, load_registry, Fleet, Options, Scheduler};
+use crate::replay::ReplayOutput;
+use crate::serve::admin::{self, Observed};
+use crate::serve::api::RequestIds;
+use crate::serve::metrics::Metrics;
+use crate::serve::{accept, bind, id_prefix, local, shutdown_signal};
+pub use flags::ExtProcArgs;
+
+/// The service name Envoy health-checks, and the other names the reference answers.
+pub const SERVICE_NAME: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
+const HEALTH_SERVICES: [&str; 4] = ["liveness", "readiness", SERVICE_NAME, "inference-extension"];
+/// Messages buffered towards one stream's client.
+const STREAM_BUFFER: usize = 16;
+
+/// What every stream shares.
+pub struct Picker {
+    live: Arc<LiveScheduler>,
+    fleet: LiveFleet,
+    metrics: Metrics,
+    ids: RequestIds,
+    max_body_bytes: u64,
+    emit_scores: bool,
+    bodiless_turn: AtomicUsize,
+}
+
+impl Picker {
+    fn next_bodiless(&self) -> usize {
+        self.bodiless_turn.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Each candidate's weighted total, by address.
+    fn scores(&self, record: &ReplayOutput) -> Vec<(String, f64)> {
+        let Some(decision) = &record.decision else {
+            return Vec::new();
+        };
+        let fleet = self.fleet.current();
+        decision
+            .totals
+            .iter()
+            .filter_map(|t| {
+                fleet
+                    .members
+                    .iter()
+                    .find(|m| m.endpoint.id == t.endpoint)
+                    .map(|m| (m.endpoint.address.clone(), t.score))
+            })
+            .collect()
+    }
+}
+
+impl Observed for Picker {
+    fn live(&self) -> &Arc<LiveScheduler> {
+        &self.live
+    }
+    fn fleet(&self) -> Arc<FleetState> {
+        self.fleet.current()
+    }
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+}
+
+/// The gRPC service: one conversation task per stream.
+struct Service(Arc<Picker>);
+
+type ResponseStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<ProcessingResponse, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl ExternalProcessor for Service {
+    type ProcessStream = ResponseStream;
+
+    async fn process(
+        &self,
+        request: Request<Streaming<ProcessingRequest>>,
+    ) -> Result<Response<Self::ProcessStream>, Status> {
+        let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
+        tokio::spawn(conversation::converse(
+            self.0.clone(),
+            request.into_inner(),
+            sender,
+        ));
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+}
+
+/// Serves until SIGTERM/SIGINT, then drains for up to `--drain-timeout`.
+pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> {
+    args.check()?;
+    let mut config = config;
+    apply_flags(&mut config, &args);
+    config.check_serve().map_err(|e| e.to_string())?;
+    let settings = config.config.serve.clone();
+    let options = Options {
+        allow_experimental_plugins: args.allow_experimental_plugins
+            || config.config.allow_experimental_plugins,
+        plugin_dirs: args.plugin_dirs.clone(),
+    };
+    let identity = if args.secure_serving {
+        Some(identity(args.cert_path.as_deref())?)
+    } else {
+        None
+    };
+    let registry = load_registry(&config, &options).map_err(|e| e.to_string())?;
+    let pipeline = build(&config, &registry, &options).map_err(|e| e.to_string())?;
+    let effective = Arc::new(crate::effective::render(&config, &registry, &pipeline));
+    let fleet = LiveFleet::start(&config).await?;
+    let scheduler = Scheduler::new(Arc::new(pipeline), Fleet::default(), args.seed);
+    let keep_records = if args.emit_endpoint_scores {
+        settings.decision_records.max(1)
+    } else {
+        settings.decision_records
+    };
+    let live = LiveScheduler::start(
+        scheduler,
+        fleet.subscribe(),
+        RealClock::start(),
+        Limits {
+            per_endpoint: settings.max_in_flight_per_endpoint,
+            total: settings.max_in_flight,
+        },
+        keep_records,
+    );
+    let picker = Arc::new(Picker {
+        live,
+        fleet,
+        metrics: Metrics::default(),
+        ids: RequestIds::new(id_prefix()),
+        max_body_bytes: settings.max_body_bytes,
+        emit_scores: args.emit_endpoint_scores,
+        bodiless_turn: AtomicUsize::new(0),
+    });
+
+    let host = args.bind_address;
+    let grpc_listener = bind("ext_proc service", SocketAddr::new(host, args.grpc_port)).await?;
+    let health_listener = bind(
+        "gRPC health service",
+        SocketAddr::new(host, args.grpc_health_port),
+    )
+    .await?;
+    let metrics_listener = bind("metrics", SocketAddr::new(host, args.metrics_port)).await?;
+    let admin_listener = match args.admin_port {
+        Some(port) => Some(bind("admin", SocketAddr::from(([127, 0, 0, 1], port))).await?),
+        None => None,
+    };
+    tracing::info!(
+        grpc = %local(&grpc_listener),
+        tls = args.secure_serving,
+        health = %local(&health_listener),
+        metrics = %local(&metrics_listener),
+        admin = %admin_listener.as_ref().map_or("off".to_string(), local),
+        endpoints = picker.fleet.current().members.len(),
+        "switchyard ext-proc is listening"
+    );
+
+    let draining = Arc::new(AtomicBool::new(false));
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    for name in ["", "liveness"] {
+        health_reporter
+            .set_service_status(name, ServingStatus::Serving)
+            .await;
+    }
+    let readiness = tokio::spawn(track_readiness(
+        health_reporter.clone(),
+        picker.fleet.subscribe(),
+        draining.clone(),
+    ));
+
+    let (stop, stopped) = watch::channel(false);
+    let (stop_observers, observers_stopped) = watch::channel(false);
+    let drain = args.drain_timeout;
+    let mut grpc = Server::builder();
+    if let Some(identity) = identity {
+        grpc = grpc
+            .tls_config(ServerTlsConfig::new().identity(identity))
+            .map_err(|e| format!("cannot set up TLS on the ext_proc service: {e}"))?;
+    }
+    let service = ExternalProcessorServer::new(Service(picker.clone()))
+        .max_decoding_message_size(args.grpc_max_recv_msg_size)
+        .max_encoding_message_size(args.grpc_max_send_msg_size);
+    let grpc_task = tokio::spawn(grpc.add_service(service).serve_with_incoming_shutdown(
+        TcpListenerStream::new(grpc_listener),
+        until(stopped.clone()),
+    ));
+    let health_task = tokio::spawn(
+        Server::builder()
+            .add_service(health_service)
+            .serve_with_incoming_shutdown(
+                TcpListenerStream::new(health_listener),
+                until(observers_stopped.clone()),
+            ),
+    );
+    let observe = {
+        let picker = picker.clone();
+        let draining = draining.clone();
+        tokio::spawn(accept(
+            metrics_listener,
+            observers_stopped.clone(),
+            drain,
+            move |request| admin::observe(picker.clone(), draining.clone(), request),
+        ))
+    };
+    let admin_task = admin_listener.map(|listener| {
+        let picker = picker.clone();
+        let effective = effective.clone();
+        tokio::spawn(accept(
+            listener,
+            observers_stopped.clone(),
+            drain,
+            move |request| admin::admin(picker.clone(), effective.clone(), request),
+        ))
+    });
+
+    let signal = shutdown_signal().await?;
+    tracing::info!(
+        "{signal}: draining (up to {} ms for open streams)",
+        drain.as_millis()
+    );
+    draining.store(true, Ordering::Relaxed);
+    for name in HEALTH_SERVICES.iter().chain(&[""]) {
+        health_reporter
+            .set_service_status(*name, ServingStatus::NotServing)
+            .await;
+    }
+    let _ = stop.send(true);
+    if tokio::time::timeout(drain, grpc_task).await.is_err() {
+        let (_, in_flight) = picker.live.in_flight();
+        tracing::warn!("drain deadline reached with {in_flight} requests in flight; cut");
+    }
+    let _ = stop_observers.send(true);
+    readiness.abort();
+    let _ = tokio::time::timeout(Duration::from_secs(1), health_task).await;
+    let _ = observe.await;
+    if let Some(task) = admin_task {
+        let _ = task.await;
+    }
+    drop(picker);
+    // The plugin libraries stay loaded until the process exits.
+    std::mem::forget(registry);
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The command line wins over the config file for what both can say.
+fn apply_flags(config: &mut LoadedConfig, args: &ExtProcArgs) {
+    let fleet = &mut config.config.fleet;
+    if let Some(interval) = args.refresh_metrics_interval {
+        fleet.scrape_interval_ms = (interval.as_millis() as u64).max(1);
+    }
+    if let Some(threshold) = args.metrics_staleness_threshold {
+        fleet.stale_after_ms = threshold.as_millis() as u64;
+    }
+    if args.pool_name.is_some() || args.pool_namespace.is_some() {
+        tracing::info!(
+            "--pool-name/--pool-namespace are accepted for compatibility; the endpoints come \
+             from {}",
+            config.path.display()
+        );
+    }
+}
+
+async fn until(mut stop: watch::Receiver<bool>) {
+    while !*stop.borrow_and_update() {
+        if stop.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// `readiness` and the ext_proc service are serving while at least one endpoint is fresh and
+/// the picker is not draining.
+async fn track_readiness(
+    reporter: tonic_health::server::HealthReporter,
+    mut fleet: watch::Receiver<Arc<FleetState>>,
+    draining: Arc<AtomicBool>,
+) {
+    let mut last = None;
+    loop {
+        let ready = fleet.borrow_and_update().ready() && !draining.load(Ordering::Relaxed);
+        if last != Some(ready) {
+            let status = if ready {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            for name in &HEALTH_SERVICES[1..] {
+                reporter.set_service_status(*name, status).await;
+            }
+            last = Some(ready);
+        }
+        if fleet.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The TLS identity: `tls.crt` and `tls.key` from `cert_path`, or a self-signed certificate
+/// made at start-up.
+fn identity(cert_path: Option<&Path>) -> Result<Identity, String> {
+    match cert_path {
+        Some(dir) => {
+            let read = |name: &str| {
+                let path = dir.join(name);
+                std::fs::read(&path)
+                    .map_err(|e| format!("--cert-path: cannot read {}: {e}", path.display()))
+            };
+            Ok(Identity::from_pem(read("tls.crt")?, read("tls.key")?))
+        }
+        None => {
+            let names = vec!["localhost".to_string(), "switchyard".to_string()];
+            let certified = rcgen::generate_simple_self_signed(names)
+                .map_err(|e| format!("cannot make a self-signed certificate: {e}"))?;
+            Ok(Identity::from_pem(
+                certified.cert.pem(),
+                certified.signing_key.serialize_pem(),
+            ))
+        }
+    }
+}
