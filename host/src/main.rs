@@ -252,6 +252,7 @@ fn run(command: Command) -> Result<(), String> {
             config_import(&file, output.as_deref(), force, &options)
         }
         Command::ExtProc(args) => {
+            args.check()?;
             let config = read_config(&args.config_file)?;
             runtime()?.block_on(switchyard::extproc::run(config, args))
         }

@@ -1,6 +1,7 @@
 //! Shared helpers for the integration tests: building the real plugin libraries and the
 //! compatibility fixtures, and wiring pipelines from TOML text.
 
+pub mod extproc;
 pub mod live;
 
 use std::path::{Path, PathBuf};

@@ -78,11 +78,11 @@ impl Drop for Process {
 
 /// Attempts at starting a process on free ports: a port found free can be taken by another
 /// test before the child binds it, and the child then exits at once.
-const START_ATTEMPTS: usize = 4;
+pub const START_ATTEMPTS: usize = 4;
 
 /// Waits (bounded) until `GET path` on `probe` answers 200; `Err` with the exit status when the
 /// process exits first.
-async fn wait_healthy(child: &mut Child, probe: SocketAddr, path: &str) -> Result<(), String> {
+pub async fn wait_healthy(child: &mut Child, probe: SocketAddr, path: &str) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(status) = child.try_wait().expect("child status") {

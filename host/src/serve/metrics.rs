@@ -8,6 +8,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
 
 use crate::fleet::FleetState;
 use crate::live::LiveScheduler;
@@ -54,9 +55,21 @@ impl RequestOutcome {
     }
 }
 
-/// Metrics updated while requests are served; cheap to clone (shared handles).
-#[derive(Clone)]
+/// Metrics updated while requests are served; cheap to clone (one shared handle).
+#[derive(Clone, Default)]
 pub struct Metrics {
+    handles: Arc<Handles>,
+}
+
+impl std::ops::Deref for Metrics {
+    type Target = Handles;
+    fn deref(&self) -> &Handles {
+        &self.handles
+    }
+}
+
+/// The metric families behind [`Metrics`].
+pub struct Handles {
     requests: Family<Labels, Counter>,
     upstream_errors: Family<Labels, Counter>,
     retries: Counter,
@@ -66,9 +79,9 @@ pub struct Metrics {
     window_wait_seconds: Histogram,
 }
 
-impl Default for Metrics {
+impl Default for Handles {
     fn default() -> Self {
-        Metrics {
+        Handles {
             requests: Family::default(),
             upstream_errors: Family::default(),
             retries: Counter::default(),
