@@ -664,3 +664,29 @@ fn reference_flags_switchyard_does_not_support_are_refused_with_the_alternative(
         assert!(stderr.contains(expected), "{flag}: {stderr}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_response_bodies_the_response_headers_end_the_request() {
+    let replicas = replicas(1).await;
+    let dir = temp_dir("extproc-no-bodies");
+    let picker = start_picker(&dir, &windowless(&replicas, ""), &[]).await;
+    let grpc = channel(picker.grpc()).await;
+    let mut stream = Stream::open(grpc).await.expect("stream opens");
+    let mut headers = request_headers(GENERATE, &[], false, None);
+    headers.protocol_config = Some(ProtocolConfiguration {
+        request_body_mode: BodySendMode::FullDuplexStreamed as i32,
+        response_body_mode: BodySendMode::None as i32,
+        send_body_without_waiting_for_header_response: true,
+    });
+    let chosen = pick_with(&mut stream, headers, &generate(&[4, 5, 6])).await;
+    assert_eq!(chosen.header, replicas[0].addr.to_string());
+    assert_eq!(in_flight(&picker).await, 1.0);
+    stream
+        .send(switchyard_tests::extproc::response_headers(200))
+        .await;
+    let _ = stream.next().await;
+    assert_idle(&picker, "after the response headers").await;
+    let page = metrics_page(picker.metrics).await;
+    assert!(page.contains("outcome=\"completed\""), "{page}");
+    drop(stream);
+}

@@ -49,6 +49,9 @@ struct Conversation {
     response_status: Option<u16>,
     response_started: bool,
     response_done: bool,
+    /// False when Envoy said it sends no response bodies: the response headers end the
+    /// request then.
+    response_bodies: bool,
     usage: UsageScanner,
 }
 
@@ -71,6 +74,7 @@ pub async fn converse(
         response_status: None,
         response_started: false,
         response_done: false,
+        response_bodies: true,
         usage: UsageScanner::default(),
     };
     let mut first = true;
@@ -84,10 +88,13 @@ pub async fn converse(
             Ok(None) | Err(_) => break,
         };
         if std::mem::take(&mut first) {
-            if let Err(status) = check_protocol(&message) {
-                tracing::warn!("ext_proc stream refused: {}", status.message());
-                let _ = conversation.out.send(Err(status)).await;
-                return;
+            match check_protocol(&message) {
+                Ok(response_bodies) => conversation.response_bodies = response_bodies,
+                Err(status) => {
+                    tracing::warn!("ext_proc stream refused: {}", status.message());
+                    let _ = conversation.out.send(Err(status)).await;
+                    return;
+                }
             }
         }
         if let Flow::End = conversation.handle(message).await {
@@ -99,11 +106,12 @@ pub async fn converse(
 
 /// Envoy (1.32 and later) says on the first message how it sends bodies. The picker needs
 /// the whole request body streamed without waiting for answers; anything else would stall
-/// until Envoy's message timeout, so it is refused at once.
-fn check_protocol(message: &ProcessingRequest) -> Result<(), Status> {
+/// until Envoy's message timeout, so it is refused at once. Returns whether response bodies
+/// will be sent.
+fn check_protocol(message: &ProcessingRequest) -> Result<bool, Status> {
     use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
     let Some(config) = &message.protocol_config else {
-        return Ok(());
+        return Ok(true);
     };
     let name = |mode: i32| {
         BodySendMode::try_from(mode)
@@ -125,7 +133,7 @@ fn check_protocol(message: &ProcessingRequest) -> Result<(), Status> {
             name(config.response_body_mode)
         )));
     }
-    Ok(())
+    Ok(config.response_body_mode != none)
 }
 
 impl Conversation {
@@ -186,8 +194,9 @@ impl Conversation {
                     }
                 }
                 let flow = self.send(messages::response_headers_continue()).await;
-                if headers.end_of_stream {
+                if headers.end_of_stream || !self.response_bodies {
                     self.response_done = true;
+                    self.finish();
                 }
                 flow
             }
