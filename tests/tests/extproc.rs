@@ -406,9 +406,23 @@ async fn a_stream_abandoned_in_its_window_is_withdrawn() {
 async fn the_subset_hint_limits_the_candidates() {
     let replicas = replicas(3).await;
     let dir = temp_dir("extproc-subset");
-    let picker = start_picker(&dir, &windowless(&replicas, ""), &[]).await;
+    let picker = start_picker(
+        &dir,
+        &windowless(&replicas, ""),
+        &["--emit-endpoint-scores"],
+    )
+    .await;
     let grpc = channel(picker.grpc()).await;
     let only = replicas[2].addr.to_string();
+
+    // Without a hint every endpoint is a candidate, and each one's total is in the metadata.
+    let mut stream = Stream::open(grpc.clone()).await.expect("stream opens");
+    let chosen = pick(&mut stream, GENERATE, &[], &generate(&[8, 8, 8, 8])).await;
+    let scored: BTreeSet<String> = chosen.scores.iter().map(|(a, _)| a.clone()).collect();
+    let all: BTreeSet<String> = replicas.iter().map(|r| r.addr.to_string()).collect();
+    assert_eq!(scored, all, "{chosen:?}");
+    assert!(chosen.scores.iter().all(|(_, s)| (0.0..=1.0).contains(s)));
+    drop(stream);
     let body = generate(&[1, 2, 3, 4]);
     for hint in [
         Value {
@@ -429,6 +443,12 @@ async fn the_subset_hint_limits_the_candidates() {
                 assert!(chosen.immediate.is_none(), "{chosen:?}");
             } else {
                 assert_eq!(chosen.header, only, "{hint:?}");
+                let scored: Vec<&str> = chosen.scores.iter().map(|(a, _)| a.as_str()).collect();
+                assert_eq!(
+                    scored,
+                    [only.as_str()],
+                    "only the allowed endpoint is scored"
+                );
             }
         }
     }
