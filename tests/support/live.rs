@@ -120,6 +120,79 @@ pub async fn start_replica(name: &str, extra: &[&str]) -> Process {
     panic!("mock-replica {name} exited early {START_ATTEMPTS} times, last: {last}");
 }
 
+/// Flags of a replica fast enough for tests, with 4-token blocks so short prompts fill blocks.
+pub const FAST_REPLICA: &[&str] = &[
+    "--model",
+    "test-model",
+    "--decode-tokens-per-second",
+    "2000",
+    "--block-size",
+    "4",
+];
+
+/// `n` fast replicas named `r0`, `r1`, ..., with `extra` flags.
+pub async fn fast_replicas(n: usize, extra: &[&str]) -> Vec<Process> {
+    let mut flags = FAST_REPLICA.to_vec();
+    flags.extend_from_slice(extra);
+    let mut started = Vec::new();
+    for i in 0..n {
+        started.push(start_replica(&format!("r{i}"), &flags).await);
+    }
+    started
+}
+
+/// `[[endpoints]]` entries `r0`, `r1`, ... for `replicas`.
+pub fn endpoints_toml(replicas: &[Process]) -> String {
+    replicas
+        .iter()
+        .enumerate()
+        .map(|(i, r)| format!("[[endpoints]]\nname = \"r{i}\"\naddress = \"{}\"\n", r.addr))
+        .collect()
+}
+
+/// The default kind of pipeline for 4-token blocks: burst co-location, affinity filter,
+/// prefix and load scorers (alpha types allowed).
+pub fn burst_pipeline(window_ms: u64) -> String {
+    format!(
+        r#"
+allow_experimental_plugins = true
+libraries = ["burst_prefix_cache_producer", "prefix_cache_affinity_filter", "prefix_cache_scorer"]
+
+[fleet]
+scrape_interval_ms = 100
+
+[[plugins]]
+type = "burst-prefix-cache-producer"
+[plugins.parameters]
+windowDurationMs = {window_ms}
+blockSizeTokens = 4
+
+[[plugins]]
+name = "burst-affinity"
+type = "prefix-cache-affinity-filter"
+[plugins.parameters]
+prefixMatchInfoProducerName = "burst-prefix-cache-producer"
+penaltyMode = "matchedTokens"
+
+[[plugins]]
+type = "prefix-cache-scorer"
+[plugins.parameters]
+prefixMatchInfoProducerName = "burst-prefix-cache-producer"
+
+[[plugins]]
+type = "load-aware-scorer"
+
+[[profiles]]
+name = "default"
+filters = ["burst-affinity"]
+scorers = [
+    {{ plugin = "prefix-cache-scorer", weight = 2.0 }},
+    {{ plugin = "load-aware-scorer", weight = 1.0 }},
+]
+"#
+    )
+}
+
 /// A running `switchyard serve`: the API, metrics and admin addresses.
 pub struct Router {
     pub process: Process,
@@ -329,6 +402,17 @@ pub async fn read_rest_of_stream(
         .map(str::to_string)
         .collect();
     (events, end)
+}
+
+/// The replicas' prefix-cache counters summed: (queried tokens, hit tokens).
+pub async fn prefix_cache_totals(replicas: &[Process]) -> (f64, f64) {
+    let (mut queries, mut hits) = (0.0, 0.0);
+    for replica in replicas {
+        let page = metrics_page(replica.addr).await;
+        queries += metric_sum(&page, "vllm:prefix_cache_queries_total");
+        hits += metric_sum(&page, "vllm:prefix_cache_hits_total");
+    }
+    (queries, hits)
 }
 
 /// Waits (bounded) until the router counts nothing in flight, in total and per endpoint.

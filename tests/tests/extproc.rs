@@ -16,7 +16,8 @@ use switchyard_tests::extproc::{
     Picker, Stream,
 };
 use switchyard_tests::live::{
-    binary, eventually, json, metric_sum, metrics_page, send, start_replica, temp_dir, Process,
+    binary, burst_pipeline, endpoints_toml, eventually, fast_replicas, json, metric_sum,
+    metrics_page, prefix_cache_totals, send, temp_dir, Process,
 };
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -24,29 +25,12 @@ use tonic_health::pb::HealthCheckRequest;
 
 const GENERATE: &str = "/inference/v1/generate";
 
-/// Replicas fast enough for tests, with 4-token blocks so short prompts fill blocks.
 async fn replicas(n: usize) -> Vec<Process> {
-    let flags = [
-        "--model",
-        "test-model",
-        "--decode-tokens-per-second",
-        "2000",
-        "--block-size",
-        "4",
-    ];
-    let mut started = Vec::new();
-    for i in 0..n {
-        started.push(start_replica(&format!("r{i}"), &flags).await);
-    }
-    started
+    fast_replicas(n, &[]).await
 }
 
 fn endpoints(replicas: &[Process]) -> String {
-    replicas
-        .iter()
-        .enumerate()
-        .map(|(i, r)| format!("[[endpoints]]\nname = \"r{i}\"\naddress = \"{}\"\n", r.addr))
-        .collect()
+    endpoints_toml(replicas)
 }
 
 /// A windowless pipeline: the load-aware scorer and the default picker.
@@ -59,46 +43,9 @@ fn windowless(replicas: &[Process], extra: &str) -> String {
     )
 }
 
-/// Burst co-location, affinity filter, prefix and load scorers.
-fn burst_pipeline(window_ms: u64, replicas: &[Process]) -> String {
-    format!(
-        r#"
-libraries = ["burst_prefix_cache_producer", "prefix_cache_affinity_filter", "prefix_cache_scorer"]
-
-[fleet]
-scrape_interval_ms = 100
-
-[[plugins]]
-type = "burst-prefix-cache-producer"
-[plugins.parameters]
-windowDurationMs = {window_ms}
-blockSizeTokens = 4
-
-[[plugins]]
-name = "burst-affinity"
-type = "prefix-cache-affinity-filter"
-[plugins.parameters]
-prefixMatchInfoProducerName = "burst-prefix-cache-producer"
-penaltyMode = "matchedTokens"
-
-[[plugins]]
-type = "prefix-cache-scorer"
-[plugins.parameters]
-prefixMatchInfoProducerName = "burst-prefix-cache-producer"
-
-[[plugins]]
-type = "load-aware-scorer"
-
-[[profiles]]
-name = "default"
-filters = ["burst-affinity"]
-scorers = [
-    {{ plugin = "prefix-cache-scorer", weight = 2.0 }},
-    {{ plugin = "load-aware-scorer", weight = 1.0 }},
-]
-{}"#,
-        endpoints(replicas)
-    )
+/// Burst co-location, affinity filter, prefix and load scorers, over `replicas`.
+fn burst_over(window_ms: u64, replicas: &[Process]) -> String {
+    format!("{}{}", burst_pipeline(window_ms), endpoints(replicas))
 }
 
 fn generate(tokens: &[u32]) -> String {
@@ -287,7 +234,7 @@ async fn a_burst_over_ext_proc_is_colocated_and_each_prompt_prefilled_once() {
     let dir = temp_dir("extproc-burst");
     let picker = start_picker(
         &dir,
-        &burst_pipeline(400, &replicas),
+        &burst_over(400, &replicas),
         &["--allow-experimental-plugins"],
     )
     .await;
@@ -336,12 +283,7 @@ async fn a_burst_over_ext_proc_is_colocated_and_each_prompt_prefilled_once() {
         assert_eq!(places.len(), 1, "prompt {p} went to {places:?}");
     }
     // Each prompt prefilled once: every other sample found its blocks cached.
-    let (mut queries, mut hits) = (0.0, 0.0);
-    for replica in &replicas {
-        let page = metrics_page(replica.addr).await;
-        queries += metric_sum(&page, "vllm:prefix_cache_queries_total");
-        hits += metric_sum(&page, "vllm:prefix_cache_hits_total");
-    }
+    let (queries, hits) = prefix_cache_totals(&replicas).await;
     assert_eq!(queries, (PROMPTS * SAMPLES * 64) as f64);
     assert_eq!(queries - hits, (PROMPTS * 64) as f64);
     assert_idle(&picker, "after the burst").await;
@@ -358,7 +300,7 @@ async fn a_stream_abandoned_in_its_window_is_withdrawn() {
     let dir = temp_dir("extproc-abandon");
     let picker = start_picker(
         &dir,
-        &burst_pipeline(600, &replicas),
+        &burst_over(600, &replicas),
         &["--allow-experimental-plugins"],
     )
     .await;

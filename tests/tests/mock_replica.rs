@@ -6,23 +6,14 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use switchyard_tests::live::{json, metric, read_events, send, start_replica, try_send, Process};
+use switchyard_tests::live::{
+    json, metric, read_events, send, start_replica, try_send, Process, FAST_REPLICA,
+};
 use tokio::net::TcpStream;
 
 /// Starts a replica at 2000 decode tokens/s with 4-token blocks and waits for `/health`.
 async fn start(name: &str) -> Process {
-    start_replica(
-        name,
-        &[
-            "--model",
-            "test-model",
-            "--decode-tokens-per-second",
-            "2000",
-            "--block-size",
-            "4",
-        ],
-    )
-    .await
+    start_replica(name, FAST_REPLICA).await
 }
 
 /// Waits (bounded) for the running count to drop back to zero.

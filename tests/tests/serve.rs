@@ -10,78 +10,17 @@ use bytes::Bytes;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use switchyard_tests::live::{
-    assert_router_idle, body_bytes, json, metric_sum, metrics_page, read_events, replay_file, send,
-    start_replica, start_router, temp_dir, try_send_bytes, Process,
+    assert_router_idle, body_bytes, burst_pipeline, endpoints_toml, fast_replicas, json,
+    metric_sum, metrics_page, prefix_cache_totals, read_events, replay_file, send, start_router,
+    temp_dir, try_send_bytes, Process,
 };
 
-/// Replicas fast enough for tests, with 4-token blocks so short prompts fill blocks.
-const FAST: &[&str] = &[
-    "--model",
-    "test-model",
-    "--decode-tokens-per-second",
-    "2000",
-    "--block-size",
-    "4",
-];
-
 async fn replicas(n: usize, extra: &[&str]) -> Vec<Process> {
-    let mut flags = FAST.to_vec();
-    flags.extend_from_slice(extra);
-    let mut started = Vec::new();
-    for i in 0..n {
-        started.push(start_replica(&format!("r{i}"), &flags).await);
-    }
-    started
+    fast_replicas(n, extra).await
 }
 
 fn endpoints(replicas: &[Process]) -> String {
-    replicas
-        .iter()
-        .enumerate()
-        .map(|(i, r)| format!("[[endpoints]]\nname = \"r{i}\"\naddress = \"{}\"\n", r.addr))
-        .collect()
-}
-
-/// The default kind of pipeline: burst co-location, affinity filter, prefix and load scorers.
-fn burst_pipeline(window_ms: u64) -> String {
-    format!(
-        r#"
-allow_experimental_plugins = true
-libraries = ["burst_prefix_cache_producer", "prefix_cache_affinity_filter", "prefix_cache_scorer"]
-
-[fleet]
-scrape_interval_ms = 100
-
-[[plugins]]
-type = "burst-prefix-cache-producer"
-[plugins.parameters]
-windowDurationMs = {window_ms}
-blockSizeTokens = 4
-
-[[plugins]]
-name = "burst-affinity"
-type = "prefix-cache-affinity-filter"
-[plugins.parameters]
-prefixMatchInfoProducerName = "burst-prefix-cache-producer"
-penaltyMode = "matchedTokens"
-
-[[plugins]]
-type = "prefix-cache-scorer"
-[plugins.parameters]
-prefixMatchInfoProducerName = "burst-prefix-cache-producer"
-
-[[plugins]]
-type = "load-aware-scorer"
-
-[[profiles]]
-name = "default"
-filters = ["burst-affinity"]
-scorers = [
-    {{ plugin = "prefix-cache-scorer", weight = 2.0 }},
-    {{ plugin = "load-aware-scorer", weight = 1.0 }},
-]
-"#
-    )
+    endpoints_toml(replicas)
 }
 
 fn completion(prompt: &str, max_tokens: u32, stream: bool) -> String {
@@ -259,13 +198,7 @@ async fn a_burst_is_colocated_and_each_prompt_prefilled_once() {
     }
     assert_eq!(cold, PROMPTS, "each prompt is prefilled exactly once");
     // The replicas' own counters agree: computed tokens = one prefill per prompt.
-    let mut queries = 0.0;
-    let mut hits = 0.0;
-    for replica in &replicas {
-        let page = metrics_page(replica.addr).await;
-        queries += metric_sum(&page, "vllm:prefix_cache_queries_total");
-        hits += metric_sum(&page, "vllm:prefix_cache_hits_total");
-    }
+    let (queries, hits) = prefix_cache_totals(&replicas).await;
     assert_eq!(queries, (PROMPTS * SAMPLES * 64) as f64);
     assert_eq!(queries - hits, (PROMPTS * 64) as f64);
     assert_router_idle(&router, "at the end").await;

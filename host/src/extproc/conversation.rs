@@ -239,7 +239,7 @@ impl Conversation {
     async fn bodiless(&mut self) -> Flow {
         self.decided = true;
         let fleet = self.picker.fleet.current();
-        let allowed: Vec<&str> = fleet
+        let allowed: Vec<(&str, bool)> = fleet
             .members
             .iter()
             .filter(|m| {
@@ -247,22 +247,13 @@ impl Conversation {
                     .as_ref()
                     .is_none_or(|s| s.allows(&m.endpoint.address))
             })
-            .filter(|m| m.fresh)
-            .map(|m| m.endpoint.address.as_str())
+            .map(|m| (m.endpoint.address.as_str(), m.fresh))
             .collect();
-        let allowed = if allowed.is_empty() {
-            fleet
-                .members
-                .iter()
-                .filter(|m| {
-                    self.subset
-                        .as_ref()
-                        .is_none_or(|s| s.allows(&m.endpoint.address))
-                })
-                .map(|m| m.endpoint.address.as_str())
-                .collect()
+        let fresh: Vec<&str> = allowed.iter().filter(|a| a.1).map(|a| a.0).collect();
+        let allowed = if fresh.is_empty() {
+            allowed.iter().map(|a| a.0).collect()
         } else {
-            allowed
+            fresh
         };
         if allowed.is_empty() {
             return self

@@ -30,13 +30,15 @@ use tonic_health::ServingStatus;
 
 use crate::config::LoadedConfig;
 use crate::fleet::{FleetState, LiveFleet};
-use crate::live::{Limits, LiveScheduler, RealClock};
-use crate::pipeline::{build, load_registry, Fleet, Options, Scheduler};
+use crate::live::LiveScheduler;
+use crate::pipeline::Options;
 use crate::replay::ReplayOutput;
-use crate::serve::admin::{self, Observed};
+use crate::serve::admin::Observed;
 use crate::serve::api::RequestIds;
 use crate::serve::metrics::Metrics;
-use crate::serve::{accept, bind, id_prefix, local, shutdown_signal};
+use crate::serve::{
+    bind, id_prefix, local, shutdown_signal, spawn_operator_routes, LiveSetup, OperatorListeners,
+};
 pub use flags::ExtProcArgs;
 
 /// The service name Envoy health-checks, and the other names the reference answers.
@@ -134,26 +136,12 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
     } else {
         None
     };
-    let registry = load_registry(&config, &options).map_err(|e| e.to_string())?;
-    let pipeline = build(&config, &registry, &options).map_err(|e| e.to_string())?;
-    let effective = Arc::new(crate::effective::render(&config, &registry, &pipeline));
-    let fleet = LiveFleet::start(&config).await?;
-    let scheduler = Scheduler::new(Arc::new(pipeline), Fleet::default(), args.seed);
-    let keep_records = if args.emit_endpoint_scores {
-        settings.decision_records.max(1)
-    } else {
-        settings.decision_records
-    };
-    let live = LiveScheduler::start(
-        scheduler,
-        fleet.subscribe(),
-        RealClock::start(),
-        Limits {
-            per_endpoint: settings.max_in_flight_per_endpoint,
-            total: settings.max_in_flight,
-        },
-        keep_records,
-    );
+    let LiveSetup {
+        registry,
+        effective,
+        fleet,
+        live,
+    } = LiveSetup::start(&config, &options, args.seed, args.emit_endpoint_scores).await?;
     let picker = Arc::new(Picker {
         live,
         fleet,
@@ -223,26 +211,17 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
                 until(observers_stopped.clone()),
             ),
     );
-    let observe = {
-        let picker = picker.clone();
-        let draining = draining.clone();
-        tokio::spawn(accept(
-            metrics_listener,
-            observers_stopped.clone(),
-            drain,
-            move |request| admin::observe(picker.clone(), draining.clone(), request),
-        ))
-    };
-    let admin_task = admin_listener.map(|listener| {
-        let picker = picker.clone();
-        let effective = effective.clone();
-        tokio::spawn(accept(
-            listener,
-            observers_stopped.clone(),
-            drain,
-            move |request| admin::admin(picker.clone(), effective.clone(), request),
-        ))
-    });
+    let observers = spawn_operator_routes(
+        picker.clone(),
+        OperatorListeners {
+            metrics: metrics_listener,
+            admin: admin_listener,
+        },
+        effective,
+        draining.clone(),
+        observers_stopped.clone(),
+        drain,
+    );
 
     let signal = shutdown_signal().await?;
     tracing::info!(
@@ -263,8 +242,7 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
     let _ = stop_observers.send(true);
     readiness.abort();
     let _ = tokio::time::timeout(Duration::from_secs(1), health_task).await;
-    let _ = observe.await;
-    if let Some(task) = admin_task {
+    for task in observers {
         let _ = task.await;
     }
     drop(picker);

@@ -33,6 +33,7 @@ use crate::fleet::LiveFleet;
 use crate::live::journal::Journal;
 use crate::live::{Limits, LiveScheduler, RealClock};
 use crate::pipeline::{build, load_registry, Fleet, Options, Scheduler};
+use crate::plugins::Registry;
 use api::{RequestIds, Router};
 use response::ServeBody;
 
@@ -68,26 +69,12 @@ pub async fn run(
     };
     settings.listen = listen.to_string();
 
-    let registry = load_registry(&config, &options).map_err(|e| e.to_string())?;
-    let pipeline = build(&config, &registry, &options).map_err(|e| e.to_string())?;
-    let effective = Arc::new(crate::effective::render(&config, &registry, &pipeline));
-    let fleet = LiveFleet::start(&config).await?;
-    let scheduler = Scheduler::new(Arc::new(pipeline), Fleet::default(), serve.seed);
-    let keep_records = if settings.decision_header {
-        settings.decision_records.max(1)
-    } else {
-        settings.decision_records
-    };
-    let live = LiveScheduler::start(
-        scheduler,
-        fleet.subscribe(),
-        RealClock::start(),
-        Limits {
-            per_endpoint: settings.max_in_flight_per_endpoint,
-            total: settings.max_in_flight,
-        },
-        keep_records,
-    );
+    let LiveSetup {
+        registry,
+        effective,
+        fleet,
+        live,
+    } = LiveSetup::start(&config, &options, serve.seed, settings.decision_header).await?;
     let (journal, journal_task) = match &serve.journal {
         Some(path) => {
             let (journal, task) = Journal::create(path).await?;
@@ -134,26 +121,17 @@ pub async fn run(
             move |request| router.clone().handle(request),
         ))
     };
-    let observe = {
-        let router = router.clone();
-        let draining = draining.clone();
-        tokio::spawn(accept(
-            metrics_listener,
-            observers_stopped.clone(),
-            drain,
-            move |request| admin::observe(router.clone(), draining.clone(), request),
-        ))
-    };
-    let admin = admin_listener.map(|listener| {
-        let router = router.clone();
-        let effective = effective.clone();
-        tokio::spawn(accept(
-            listener,
-            observers_stopped.clone(),
-            drain,
-            move |request| admin::admin(router.clone(), effective.clone(), request),
-        ))
-    });
+    let observers = spawn_operator_routes(
+        router.clone(),
+        OperatorListeners {
+            metrics: metrics_listener,
+            admin: admin_listener,
+        },
+        effective,
+        draining.clone(),
+        observers_stopped,
+        drain,
+    );
 
     let signal = shutdown_signal().await?;
     tracing::info!(
@@ -168,9 +146,8 @@ pub async fn run(
         tracing::warn!("{in_flight} requests still in flight after the drain deadline; cut");
     }
     let _ = stop_observers.send(true);
-    let _ = observe.await;
-    if let Some(admin) = admin {
-        let _ = admin.await;
+    for task in observers {
+        let _ = task.await;
     }
     drop(router);
     if let Some(task) = journal_task {
@@ -180,6 +157,91 @@ pub async fn run(
     std::mem::forget(registry);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// What a live driver runs on: the plugin libraries (kept loaded until the process exits),
+/// the effective config, the fleet and the scheduler on the real clock.
+pub(crate) struct LiveSetup {
+    pub registry: Registry,
+    pub effective: Arc<String>,
+    pub fleet: LiveFleet,
+    pub live: Arc<LiveScheduler>,
+}
+
+impl LiveSetup {
+    /// Loads the libraries, wires the pipeline, starts the fleet and the scheduler with the
+    /// `[serve]` limits. `records_needed` keeps at least one decision record per request.
+    pub async fn start(
+        config: &LoadedConfig,
+        options: &Options,
+        seed: u64,
+        records_needed: bool,
+    ) -> Result<LiveSetup, String> {
+        let settings = &config.config.serve;
+        let registry = load_registry(config, options).map_err(|e| e.to_string())?;
+        let pipeline = build(config, &registry, options).map_err(|e| e.to_string())?;
+        let effective = Arc::new(crate::effective::render(config, &registry, &pipeline));
+        let fleet = LiveFleet::start(config).await?;
+        let scheduler = Scheduler::new(Arc::new(pipeline), Fleet::default(), seed);
+        let keep_records = if records_needed {
+            settings.decision_records.max(1)
+        } else {
+            settings.decision_records
+        };
+        let live = LiveScheduler::start(
+            scheduler,
+            fleet.subscribe(),
+            RealClock::start(),
+            Limits {
+                per_endpoint: settings.max_in_flight_per_endpoint,
+                total: settings.max_in_flight,
+            },
+            keep_records,
+        );
+        Ok(LiveSetup {
+            registry,
+            effective,
+            fleet,
+            live,
+        })
+    }
+}
+
+/// The operator-facing listeners of a live driver.
+pub(crate) struct OperatorListeners {
+    pub metrics: TcpListener,
+    pub admin: Option<TcpListener>,
+}
+
+/// Serves `/metrics` `/health` `/ready` and, when it has a listener, the admin API, until
+/// `stopped`.
+pub(crate) fn spawn_operator_routes<O: admin::Observed>(
+    observed: Arc<O>,
+    listeners: OperatorListeners,
+    effective: Arc<String>,
+    draining: Arc<AtomicBool>,
+    stopped: watch::Receiver<bool>,
+    drain: Duration,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    {
+        let observed = observed.clone();
+        tasks.push(tokio::spawn(accept(
+            listeners.metrics,
+            stopped.clone(),
+            drain,
+            move |request| admin::observe(observed.clone(), draining.clone(), request),
+        )));
+    }
+    if let Some(listener) = listeners.admin {
+        tasks.push(tokio::spawn(accept(
+            listener,
+            stopped,
+            drain,
+            move |request| admin::admin(observed.clone(), effective.clone(), request),
+        )));
+    }
+    tasks
 }
 
 /// Distinguishes the ids this process generates from another's.
