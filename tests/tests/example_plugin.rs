@@ -136,6 +136,15 @@ fn the_example_builds_out_of_tree_loads_and_a_second_build_replaces_it() {
         checked.contains("endpoint = \"pod2\"  # default"),
         "{checked}"
     );
+    let inspected = ok(&run(&["plugins", "inspect", deployed.to_str().unwrap()]));
+    assert!(
+        inspected.contains("\n    endpoint  string, default \"pod2\"\n"),
+        "{inspected}"
+    );
+    assert!(
+        inspected.contains("\n    score     number, default 1.0\n"),
+        "{inspected}"
+    );
     all_sent_to(&replay(&defaults, &input), "/pod2");
     all_sent_to(&replay(&pinned, &input), "/pod4");
 
@@ -150,6 +159,11 @@ fn the_example_builds_out_of_tree_loads_and_a_second_build_replaces_it() {
     assert!(
         checked.contains("endpoint = \"pod3\"  # default"),
         "{checked}"
+    );
+    let inspected = ok(&run(&["plugins", "inspect", deployed.to_str().unwrap()]));
+    assert!(
+        inspected.contains("\n    endpoint  string, default \"pod3\"\n"),
+        "{inspected}"
     );
     all_sent_to(&replay(&defaults, &input), "/pod3");
     // An explicit parameter still wins over the new default.
