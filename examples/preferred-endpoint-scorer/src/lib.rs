@@ -76,7 +76,7 @@ fn create(instance_name: &str, parameters: &str) -> Result<Instance, PluginError
     if !(0.0..=1.0).contains(&config.score) {
         return Err(PluginError::invalid_parameter(
             "score",
-            &format!("score must be in [0, 1] (got {})", config.score),
+            format!("score must be in [0, 1] (got {})", config.score),
         ));
     }
     switchyard_plugin_api::plugin_log!(
