@@ -147,6 +147,11 @@ fn the_example_builds_out_of_tree_loads_and_a_second_build_replaces_it() {
     );
     all_sent_to(&replay(&defaults, &input), "/pod2");
     all_sent_to(&replay(&pinned, &input), "/pod4");
+    let bad = write_config(&dir, "bad.toml", "{ score = 1.5 }");
+    let refused = run(&["check", "--config", bad.to_str().unwrap()]);
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("score must be in [0, 1] (got 1.5)"), "{err}");
 
     // The second release favours pod3 by default; it is swapped in at the same path.
     deploy(&build_example("pod3"), &deployed);
