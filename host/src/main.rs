@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use switchyard::config::{LoadedConfig, DEFAULT_CONFIG};
 use switchyard::pipeline::{build, load_registry, Options, Scheduler};
+use switchyard::plugins::inspect;
 use switchyard::sim::{self, FleetConfig, SimRouter, Workload};
 use switchyard::{effective, jsonl, replay, simulate};
 
@@ -53,12 +54,33 @@ impl Common {
     }
 }
 
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+struct PluginsArgs {
+    #[command(flatten)]
+    common: Common,
+    #[command(subcommand)]
+    action: Option<PluginsCommand>,
+}
+
+#[derive(Subcommand)]
+enum PluginsCommand {
+    /// Load one plugin library without a config and print what it exports: each type's kind,
+    /// stability and description, the plugin API version it was built against, and every
+    /// parameter with its type, default, valid range and meaning.
+    Inspect {
+        /// The library file (e.g. target/release/libmy_plugin.so).
+        library: PathBuf,
+    },
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Validate a config and print it with defaults filled in, created producers and order.
     Check(Common),
-    /// List the plugin types available to a config: kind, stability, API version, source.
-    Plugins(Common),
+    /// List the plugin types available to a config: kind, stability, API version, source,
+    /// description and parameters; `plugins inspect LIBRARY` describes one library.
+    Plugins(PluginsArgs),
     /// Schedule a JSONL file of timestamped requests on virtual time (see docs/replay.md).
     Replay {
         #[command(flatten)]
@@ -169,7 +191,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    let cli = Cli::parse_from(args);
+    // `--version` also names the plugin API versions this build loads.
+    let version: &'static str = Box::leak(inspect::version_text().into_boxed_str());
+    let matches = Cli::command().version(version).get_matches_from(args);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let (json_logs, default_level) = match &cli.command {
         Command::Serve { log_format, .. } => (log_format == "json", "info"),
         Command::ExtProc(args) => (args.log_format == "json", args.log_level()),
@@ -267,23 +292,23 @@ fn run(command: Command) -> Result<(), String> {
             print!("{}", effective::render(&config, &registry, &pipeline));
             Ok(())
         }
-        Command::Plugins(common) => {
+        Command::Plugins(PluginsArgs {
+            action: Some(PluginsCommand::Inspect { library }),
+            ..
+        }) => {
+            print!(
+                "{}",
+                inspect::inspect_library(&library).map_err(|e| e.to_string())?
+            );
+            Ok(())
+        }
+        Command::Plugins(PluginsArgs {
+            common,
+            action: None,
+        }) => {
             let config = read_config(&common.config)?;
             let registry = load_registry(&config, &common.options()).map_err(|e| e.to_string())?;
-            println!(
-                "{:<34} {:<9} {:<9} {:<5} SOURCE",
-                "TYPE", "KIND", "STABILITY", "API"
-            );
-            for t in registry.iter() {
-                println!(
-                    "{:<34} {:<9} {:<9} {:<5} {}",
-                    t.name(),
-                    t.kind().as_str(),
-                    t.stability().as_str(),
-                    format!("{}.{}", t.api_version.major, t.api_version.minor),
-                    t.source
-                );
-            }
+            print!("{}", inspect::render_list(&registry));
             Ok(())
         }
         Command::Replay {

@@ -75,26 +75,44 @@ pub fn plugin_dir() -> &'static Path {
 /// returns the path of its library.
 pub fn fixture_library(fixture: &str) -> PathBuf {
     let manifest_dir = workspace_root().join("tests/fixtures").join(fixture);
+    standalone_library(&manifest_dir, "fixtures", &fixture.replace('-', "_"), &[])
+}
+
+/// Builds (debug) the library `lib` of a Cargo project outside this workspace, with its own
+/// target directory `<target>/<target_subdir>` and `env` set for the build, and returns the
+/// path of the library file.
+pub fn standalone_library(
+    manifest_dir: &Path,
+    target_subdir: &str,
+    lib: &str,
+    env: &[(&str, &str)],
+) -> PathBuf {
     let lock = manifest_dir.join("Cargo.lock");
     if !lock.exists() {
-        // Start from the workspace's resolution so the fixture builds the same dependency
+        // Start from the workspace's resolution so the project builds the same dependency
         // versions (and reuses their artifacts).
         let _ = std::fs::copy(workspace_root().join("Cargo.lock"), &lock);
     }
-    let target = target_dir().join("fixtures");
+    let target = target_dir().join(target_subdir);
     let manifest = manifest_dir.join("Cargo.toml");
-    run_cargo(&[
-        "build",
-        "--quiet",
-        "--manifest-path",
-        manifest.to_str().expect("utf-8 path"),
-        "--target-dir",
-        target.to_str().expect("utf-8 path"),
-    ]);
-    let lib = fixture.replace('-', "_");
+    let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let status = Command::new(cargo())
+        .args(["build", "--quiet", "--manifest-path"])
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(&target)
+        .envs(env.iter().copied())
+        .current_dir(workspace_root())
+        .status()
+        .expect("cargo runs");
+    assert!(
+        status.success(),
+        "cargo build of {} failed",
+        manifest.display()
+    );
     target
         .join("debug")
-        .join(switchyard::config::library_file_name(&lib))
+        .join(switchyard::config::library_file_name(lib))
 }
 
 /// Options that find the workspace's plugin libraries.

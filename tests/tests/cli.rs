@@ -321,3 +321,148 @@ fn check_output_is_a_config_that_checks_the_same_for_every_example() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn plugins_shows_each_types_description_and_parameter_names() {
+    let out = run(&[
+        "plugins",
+        "--config",
+        "configs/default.toml",
+        "--plugin-dir",
+        &plugin_dir_arg(),
+    ]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}\n{}", text, stderr(&out));
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.split_whitespace().next() == Some("prefix-cache-scorer"))
+        .unwrap_or_else(|| panic!("prefix-cache-scorer listed: {text}"));
+    assert!(
+        lines[at + 1]
+            .trim_start()
+            .starts_with("Scores endpoints by the share"),
+        "{text}"
+    );
+    assert_eq!(
+        lines[at + 2].trim(),
+        "parameters: prefixMatchInfoProducerName, matchLengthWeight, matchLengthScaleTokens"
+    );
+    assert!(text.contains("plugins inspect"), "{text}");
+}
+
+#[test]
+fn plugins_inspect_describes_a_library_without_a_config() {
+    let library = plugin_dir().join("libprefix_cache_scorer.so");
+    // Run where no default config exists: inspect needs none.
+    let dir = temp_dir("inspect");
+    let out = Command::new(binary())
+        .args(["plugins", "inspect", library.to_str().unwrap()])
+        .current_dir(&dir)
+        .output()
+        .expect("switchyard runs");
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}\n{}", text, stderr(&out));
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines[0],
+        format!("library     {}", library.canonicalize().unwrap().display())
+    );
+    let api = switchyard_plugin_api::ApiVersion::CURRENT;
+    assert_eq!(
+        lines[1],
+        format!(
+            "plugin API  {}.{}.{} (this switchyard loads 1.0 to 1.{})",
+            api.major, api.minor, api.patch, api.minor
+        )
+    );
+    assert_eq!(lines[2], "types       1");
+    assert_eq!(lines[4], "prefix-cache-scorer");
+    assert_eq!(lines[5], "  kind         scorer");
+    assert_eq!(lines[6], "  stability    beta");
+    assert!(
+        lines[7].starts_with("  description  Scores endpoints by the share"),
+        "{text}"
+    );
+    assert_eq!(lines[8], "  parameters");
+    let block = lines[9..].join("\n");
+    assert!(
+        block.contains("matchLengthWeight            number, default 0.0\n"),
+        "{block}"
+    );
+    assert!(block.contains("valid: [0, 1]\n"), "{block}");
+    assert!(
+        block.contains("Share of the score given to the absolute"),
+        "{block}"
+    );
+    assert!(
+        block.contains("matchLengthScaleTokens       integer, default 8192\n"),
+        "{block}"
+    );
+    assert!(
+        block.contains("prefixMatchInfoProducerName  string, default \"\"\n"),
+        "{block}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn plugins_inspect_shows_the_api_version_a_library_was_built_against() {
+    let library = switchyard_tests::fixture_library("older-minor-plugin");
+    let out = run(&["plugins", "inspect", library.to_str().unwrap()]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}\n{}", text, stderr(&out));
+    assert!(
+        text.contains("\nplugin API  1.0.0 (this switchyard loads 1.0 to 1."),
+        "{text}"
+    );
+    assert!(text.contains("\nolder-minor-scorer\n"), "{text}");
+    assert!(text.contains("\n  parameters   none\n"), "{text}");
+}
+
+#[test]
+fn plugins_inspect_refuses_what_the_host_would_refuse() {
+    let dir = temp_dir("inspect-refused");
+    let text_file = dir.join("notes.so");
+    std::fs::write(&text_file, "not a library\n").unwrap();
+    let out = run(&["plugins", "inspect", text_file.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(stdout(&out).is_empty(), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("error: cannot open plugin library "),
+        "{err}"
+    );
+    let missing = dir.join("libgone.so");
+    let out = run(&["plugins", "inspect", missing.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("No such file or directory"),
+        "{}",
+        stderr(&out)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn version_names_the_plugin_api_versions_the_host_loads() {
+    let out = run(&["--version"]);
+    let text = stdout(&out);
+    assert!(out.status.success(), "{}\n{}", text, stderr(&out));
+    let api = switchyard_plugin_api::ApiVersion::CURRENT;
+    let mut lines = text.lines();
+    assert!(
+        lines.next().is_some_and(|l| l.starts_with("switchyard ")),
+        "{text}"
+    );
+    assert_eq!(
+        lines.next(),
+        Some(
+            format!(
+                "plugin API {}.{}.{}: loads plugin libraries built against 1.0 to 1.{}",
+                api.major, api.minor, api.patch, api.minor
+            )
+            .as_str()
+        )
+    );
+}

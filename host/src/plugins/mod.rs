@@ -3,6 +3,7 @@
 
 pub mod builtin;
 pub mod crash_note;
+pub mod inspect;
 pub mod registry;
 
 pub use registry::{PluginType, Registry, RegistryError, Source};
