@@ -155,7 +155,8 @@ impl Workload {
     /// allocated. It counts, per request, what the simulator keeps for the report; per
     /// distinct full block of 16 tokens, its hash in the simulator and in the ideal-prefill
     /// count; the token buffers a generator holds at once; and a copy of the prompts of the
-    /// requests that arrive together (one RL step, or every step when `stepIntervalMs` is 0;
+    /// requests in flight together (one RL step, or, when a step's prefill on the default
+    /// fleet outlasts `stepIntervalMs`, the steps piling up;
     /// one prompt per session; for Poisson arrivals, a fleet's worth of batches), which a
     /// pipeline holds while they are in flight. A fleet falling far behind its arrivals holds
     /// more.
@@ -163,6 +164,8 @@ impl Workload {
         const PER_REQUEST: f64 = 256.0;
         const PER_BLOCK: f64 = 40.0;
         const PER_TOKEN: f64 = 4.0;
+        /// A pipeline's copy of an in-flight prompt and its block hashes.
+        const IN_FLIGHT_PER_TOKEN: f64 = PER_TOKEN + 8.0 / 16.0;
         const BLOCK: f64 = 16.0;
         /// Requests assumed in flight at once under Poisson arrivals.
         const POISSON_IN_FLIGHT: f64 = 4096.0;
@@ -173,15 +176,22 @@ impl Workload {
                 let prompt = mean(p.prompt_tokens_min, p.prompt_tokens_max);
                 let per_step = f64::from(p.prompts) * f64::from(p.samples);
                 let distinct = f64::from(p.prompts) * f64::from(p.steps) * prompt;
-                let together = if p.step_interval_ms > 0.0 {
+                // A step's prompts prefilled once per replica they are spread over, at the
+                // default fleet's rate (8 replicas × 16000 tokens/s): when that takes longer
+                // than the step interval, steps pile up and every request may be in flight.
+                let replicas = 8.0;
+                let step_work_ms =
+                    f64::from(p.prompts) * f64::from(p.samples).min(replicas) * prompt
+                        / (replicas * 16.0);
+                let together = if p.step_interval_ms >= step_work_ms {
                     per_step
                 } else {
-                    n
+                    n * (1.0 - p.step_interval_ms / step_work_ms)
                 };
                 n * PER_REQUEST
                     + distinct / BLOCK * PER_BLOCK
                     + f64::from(p.prompts) * prompt * PER_TOKEN
-                    + together * prompt * PER_TOKEN
+                    + together * prompt * IN_FLIGHT_PER_TOKEN
             }
             Workload::SharedPrefix(p) => {
                 let system = f64::from(p.system_prompt_tokens);
@@ -190,7 +200,7 @@ impl Workload {
                 n * PER_REQUEST
                     + (n * prompt / BLOCK * 8.0 + distinct / BLOCK * (PER_BLOCK - 8.0))
                     + f64::from(p.groups) * system * PER_TOKEN
-                    + n.min(POISSON_IN_FLIGHT) * prompt * PER_TOKEN
+                    + n.min(POISSON_IN_FLIGHT) * prompt * IN_FLIGHT_PER_TOKEN
             }
             Workload::MultiTurn(p) => {
                 let last = f64::from(p.system_prompt_tokens)
@@ -201,7 +211,7 @@ impl Workload {
                 n * 2.0 * PER_REQUEST
                     + sessions * last / BLOCK * PER_BLOCK
                     + sessions * last * PER_TOKEN
-                    + sessions * last * PER_TOKEN
+                    + sessions * last * IN_FLIGHT_PER_TOKEN
             }
         };
         bytes as u64

@@ -435,3 +435,14 @@ fn a_mistyped_parameter_is_named_with_what_it_takes() {
     assert_eq!(parse_bytes("1024"), Some(1024));
     assert_eq!(parse_bytes("lots"), None);
 }
+
+#[test]
+fn rl_steps_that_outlast_their_interval_count_every_prompt_in_flight() {
+    let huge = Workload::from_name(
+        "rl-rollout",
+        json!({"promptTokensMin": 1000000, "promptTokensMax": 1000000}),
+    )
+    .unwrap();
+    // 2048 prompts of 4 MB, all in flight: a pipeline holds a copy of each.
+    assert!(huge.memory_estimate() > 8 << 30);
+}
