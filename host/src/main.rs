@@ -158,6 +158,10 @@ enum Command {
         output: Option<PathBuf>,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Refuse a built-in workload whose estimated memory exceeds this (e.g. 4G, 512M);
+        /// default half of physical memory.
+        #[arg(long, value_name = "SIZE")]
+        max_memory: Option<String>,
     },
 }
 
@@ -360,6 +364,7 @@ fn run(command: Command) -> Result<(), String> {
             no_baselines,
             output,
             seed,
+            max_memory,
         } => simulate_command(SimulateArgs {
             common,
             workload,
@@ -370,6 +375,7 @@ fn run(command: Command) -> Result<(), String> {
             no_baselines,
             output,
             seed,
+            max_memory,
         }),
     }
 }
@@ -384,6 +390,13 @@ struct SimulateArgs {
     no_baselines: bool,
     output: Option<PathBuf>,
     seed: u64,
+    max_memory: Option<String>,
+}
+
+/// Where `simulate` takes its requests from.
+enum Requests {
+    Trace(Vec<sim::SimRequest>),
+    Workload(Workload),
 }
 
 fn simulate_command(args: SimulateArgs) -> Result<(), String> {
@@ -394,10 +407,20 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
         fleet.replicas = replicas;
     }
     fleet.validate().map_err(|e| format!("--replicas: {e}"))?;
-    let (label, requests) = match &args.trace {
+    let (memory_limit, limit_source) = match &args.max_memory {
+        Some(text) => (
+            sim::parse_bytes(text).ok_or_else(|| {
+                format!("--max-memory {text}: expected a size such as 4G, 512M or 1073741824")
+            })?,
+            "--max-memory",
+        ),
+        None => sim::default_memory_limit(),
+    };
+    // A trace is read whole; a built-in workload is generated afresh for each router.
+    let (label, source) = match &args.trace {
         Some(path) => (
             format!("trace {}", path.display()),
-            sim::read_trace(path).map_err(|e| e.to_string())?,
+            Requests::Trace(sim::read_trace(path).map_err(|e| e.to_string())?),
         ),
         None => {
             let mut object = serde_json::Map::new();
@@ -415,12 +438,18 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
             }
             let workload = Workload::from_name(&args.workload, serde_json::Value::Object(object))
                 .map_err(|e| e.to_string())?;
-            (workload.name().to_string(), workload.generate())
+            workload
+                .check_memory(memory_limit, limit_source)
+                .map_err(|e| e.to_string())?;
+            (workload.name().to_string(), Requests::Workload(workload))
         }
     };
+    let total = match &source {
+        Requests::Trace(requests) => requests.len(),
+        Requests::Workload(workload) => workload.len(),
+    };
     eprintln!(
-        "simulating {} requests ({label}) on {} replicas",
-        requests.len(),
+        "simulating {total} requests ({label}) on {} replicas",
         fleet.replicas
     );
 
@@ -483,7 +512,16 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
                 }
             }
         };
-        reports.push(sim::run(&requests, &fleet, router.as_mut(), &mut progress));
+        reports.push(match &source {
+            Requests::Trace(requests) => sim::run(requests, &fleet, router.as_mut(), &mut progress),
+            Requests::Workload(workload) => sim::run_stream(
+                total,
+                workload.requests(),
+                &fleet,
+                router.as_mut(),
+                &mut progress,
+            ),
+        });
     }
     println!("{}", sim::render_table(&reports));
     if let Some(dir) = &args.output {

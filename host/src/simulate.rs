@@ -83,7 +83,7 @@ impl SimRouter for PipelineRouter {
             id: req.id.to_string(),
             model: req.model.clone(),
             cache_salt: req.cache_salt.clone(),
-            prompt: Prompt::Tokens(vec![req.tokens.clone()]),
+            prompt: Prompt::Tokens(vec![req.tokens.to_vec()]),
             max_output_tokens: Some(req.output_tokens as u64),
         };
         let decisions = self.scheduler.submit(request, now_ms);

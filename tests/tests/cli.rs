@@ -466,3 +466,55 @@ fn version_names_the_plugin_api_versions_the_host_loads() {
         )
     );
 }
+
+#[test]
+fn simulate_refuses_a_run_too_large_for_its_memory_limit_up_front() {
+    let out = run(&[
+        "simulate",
+        "--plugin-dir",
+        &plugin_dir_arg(),
+        "--set",
+        "steps=19000",
+        "--max-memory",
+        "1G",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("workload rl-rollout: this run needs an estimated")
+            && err.contains("over the limit of 1.0 GiB (--max-memory)")
+            && err.contains("lower steps, prompts, samples or promptTokensMax"),
+        "{err}"
+    );
+    // Refused before any simulation starts.
+    assert!(!err.contains("simulating"), "{err}");
+    assert!(stdout(&out).is_empty());
+
+    let out = run(&["simulate", "--max-memory", "lots"]);
+    assert!(
+        stderr(&out).contains("--max-memory lots: expected a size"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn simulate_names_the_parameter_of_a_mistyped_set() {
+    let out = run(&[
+        "simulate",
+        "--plugin-dir",
+        &plugin_dir_arg(),
+        "--set",
+        "samples=4",
+        "--set",
+        "prompts=abc",
+    ]);
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(
+            r#"workload rl-rollout: prompts must be an integer in 1..=100000 (got "abc")"#
+        ),
+        "{err}"
+    );
+}

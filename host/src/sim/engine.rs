@@ -2,11 +2,15 @@
 //! completions, in virtual time.
 
 use super::config::FleetConfig;
+use super::kv_cache::HashBuild;
 use super::replica::{Job, PrefillStart, Replica};
 use super::report::PipelineReport;
 use super::router::{Decision, ReplicaState, SimRequest, SimRouter};
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::iter::Peekable;
+use std::ops::Range;
+use std::sync::Arc;
 use switchyard_prefix_hashing::{hash_prompt_into, prompt_seed};
 
 /// After this many wakeups at one instant that decide nothing, wakeups at that instant are no
@@ -16,7 +20,6 @@ const MAX_IDLE_WAKEUPS_PER_INSTANT: u32 = 1000;
 /// Where a request is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Status {
-    NotArrived,
     /// Submitted to the router, no decision yet.
     Pending,
     Rejected,
@@ -25,9 +28,14 @@ pub(crate) enum Status {
     Completed,
 }
 
-/// What happened to one request (times in ms; `NaN` where it did not happen).
+/// What happened to one request (times in ms; `NaN` where it did not happen), with the tags
+/// of the request the report needs once its tokens are gone.
 #[derive(Debug, Clone)]
 pub(crate) struct RequestRecord {
+    pub id: u64,
+    pub arrival_ms: f64,
+    pub group: u64,
+    pub step: Option<u32>,
     pub status: Status,
     pub replica: Option<usize>,
     pub decided_ms: f64,
@@ -39,19 +47,20 @@ pub(crate) struct RequestRecord {
 }
 
 /// Everything the report is computed from.
-pub(crate) struct RunOutcome<'a> {
-    pub workload: &'a [SimRequest],
+pub(crate) struct RunOutcome {
+    /// One per request of the workload, in arrival order.
     pub records: Vec<RequestRecord>,
     pub replicas: Vec<Replica>,
-    /// All requests' full-block hash chains; `RequestRecord::job.blocks` indexes it.
-    pub hashes: Vec<u64>,
+    /// Distinct full-block hashes over the requests sent to a replica.
+    pub distinct_blocks: u64,
     pub block_size: usize,
     pub end_ms: f64,
 }
 
 #[derive(Debug, Clone, Copy)]
 enum EventKind {
-    Arrival(usize),
+    /// Arrivals are taken from the workload in order, not from the queue.
+    Arrival,
     Wakeup,
     PrefillDone(usize),
     DecodeDone(usize),
@@ -88,29 +97,73 @@ impl Ord for Event {
 /// [`FleetConfig::validate`]) with `router` deciding placements, and reports the outcome.
 ///
 /// Events at the same virtual time are processed in the order they were scheduled; arrivals
-/// are scheduled first, in workload order. The router is polled after every event. The run
-/// ends when every request has completed or been rejected, or when nothing is left to happen
-/// (requests the router never decided are reported as unrouted). Request ids should be unique:
-/// a request whose id was already seen is rejected on arrival without reaching the router.
-/// `progress(finished, total)` is called at the start, each time another percent of the
-/// requests has finished (completed or rejected), and once at the end.
+/// come first, in workload order (requests arriving at the same time keep their order). The
+/// router is polled after every event. The run ends when every request has completed or been
+/// rejected, or when nothing is left to happen (requests the router never decided are
+/// reported as unrouted). Request ids should be unique: a request whose id was already seen is
+/// rejected on arrival without reaching the router. `progress(finished, total)` is called at
+/// the start, each time another percent of the requests has finished (completed or
+/// rejected), and once at the end.
 pub fn run(
     workload: &[SimRequest],
     fleet: &FleetConfig,
     router: &mut dyn SimRouter,
     progress: &mut dyn FnMut(usize, usize),
 ) -> PipelineReport {
-    let mut sim = Sim::new(workload, fleet);
+    let mut order: Vec<&SimRequest> = workload.iter().collect();
+    order.sort_by(|a, b| a.arrival_ms.total_cmp(&b.arrival_ms));
+    run_stream(
+        workload.len(),
+        order.into_iter().cloned(),
+        fleet,
+        router,
+        progress,
+    )
+}
+
+/// As [`run`], with the `total` requests taken from `requests` one at a time as their
+/// arrival comes up, so only the requests under way are held. `requests` must be in arrival
+/// order (ties in workload order); a request arriving earlier than the one before it arrives
+/// at that one's time.
+pub fn run_stream(
+    total: usize,
+    requests: impl Iterator<Item = SimRequest>,
+    fleet: &FleetConfig,
+    router: &mut dyn SimRouter,
+    progress: &mut dyn FnMut(usize, usize),
+) -> PipelineReport {
+    let mut sim = Sim::new(total, requests.peekable(), fleet);
     sim.run(router, progress);
     PipelineReport::from_outcome(router.name(), &sim.into_outcome())
 }
 
-struct Sim<'a> {
-    workload: &'a [SimRequest],
+/// The hash chain of one token buffer, kept while requests may still bring the buffer.
+struct SharedChain {
+    /// Keeps the buffer alive, so its address is not reused while the entry exists.
+    buffer: Arc<[u32]>,
+    seed: u64,
+    /// Where the buffer's full-block chain starts in `Sim::hashes`.
+    start: usize,
+}
+
+struct Sim<I: Iterator<Item = SimRequest>> {
+    /// Requests not arrived yet, in arrival order.
+    incoming: Peekable<I>,
+    total: usize,
     block_size: usize,
     records: Vec<RequestRecord>,
     index_of: HashMap<u64, usize>,
+    /// Full-block hash chains of the arrived requests' buffers; `RequestRecord::job.blocks`
+    /// indexes it.
     hashes: Vec<u64>,
+    /// Chains of buffers that later requests may share, by buffer address.
+    chains: HashMap<usize, SharedChain>,
+    /// Sweep `chains` of buffers nothing else holds when it grows past this.
+    sweep_at: usize,
+    distinct: HashSet<u64, HashBuild>,
+    /// Per chain (by its start in `hashes`), the end of the part already in `distinct`: the
+    /// samples of a prompt add its blocks once, not once each.
+    counted: HashMap<usize, usize>,
     replicas: Vec<Replica>,
     view: Vec<ReplicaState>,
     events: BinaryHeap<Reverse<Event>>,
@@ -123,43 +176,25 @@ struct Sim<'a> {
     decisions: Vec<Decision>,
 }
 
-impl<'a> Sim<'a> {
-    fn new(workload: &'a [SimRequest], fleet: &FleetConfig) -> Self {
+impl<I: Iterator<Item = SimRequest>> Sim<I> {
+    fn new(total: usize, incoming: Peekable<I>, fleet: &FleetConfig) -> Self {
         let block_size = fleet.block_size_tokens.max(1);
-        let mut hashes = Vec::new();
-        let mut records = Vec::with_capacity(workload.len());
-        for (i, req) in workload.iter().enumerate() {
-            let start = hashes.len();
-            let seed = prompt_seed(&req.model, &req.cache_salt);
-            let full_blocks = req.tokens.len() / block_size;
-            hash_prompt_into(seed, &req.tokens, block_size, full_blocks, &mut hashes);
-            records.push(RequestRecord {
-                status: Status::NotArrived,
-                replica: None,
-                decided_ms: f64::NAN,
-                first_token_ms: f64::NAN,
-                done_ms: f64::NAN,
-                cached_tokens: 0,
-                computed_tokens: 0,
-                job: Job {
-                    request: i,
-                    prompt_tokens: u32::try_from(req.tokens.len()).unwrap_or(u32::MAX),
-                    output_tokens: req.output_tokens,
-                    blocks: start..hashes.len(),
-                },
-            });
-        }
         let replicas: Vec<Replica> = (0..fleet.replicas).map(|_| Replica::new(fleet)).collect();
         let view = replicas.iter().map(Replica::state).collect();
-        let mut sim = Sim {
-            workload,
+        Sim {
+            incoming,
+            total,
             block_size,
-            records,
-            index_of: HashMap::with_capacity(workload.len()),
-            hashes,
+            records: Vec::with_capacity(total),
+            index_of: HashMap::with_capacity(total),
+            hashes: Vec::new(),
+            chains: HashMap::new(),
+            sweep_at: 64,
+            distinct: HashSet::default(),
+            counted: HashMap::new(),
             replicas,
             view,
-            events: BinaryHeap::with_capacity(workload.len() * 2),
+            events: BinaryHeap::new(),
             seq: 0,
             now: 0.0,
             finished: 0,
@@ -167,11 +202,62 @@ impl<'a> Sim<'a> {
             scheduled_wakeup: None,
             idle_wakeups: 0,
             decisions: Vec::new(),
-        };
-        for (i, req) in workload.iter().enumerate() {
-            sim.schedule(req.arrival_ms, EventKind::Arrival(i));
         }
-        sim
+    }
+
+    /// The next thing to happen: the next arrival when it is due no later than the earliest
+    /// scheduled event (arrivals go first at equal times), else that event.
+    fn next_event(&mut self) -> Option<(f64, Option<SimRequest>, EventKind)> {
+        let arrival_first = match (self.incoming.peek(), self.events.peek()) {
+            (None, None) => return None,
+            (Some(_), None) => true,
+            (None, Some(_)) => false,
+            (Some(req), Some(Reverse(e))) => req.arrival_ms.total_cmp(&e.at) != Ordering::Greater,
+        };
+        if arrival_first {
+            let req = self.incoming.next()?;
+            Some((req.arrival_ms, Some(req), EventKind::Arrival))
+        } else {
+            let Reverse(e) = self.events.pop()?;
+            Some((e.at, None, e.kind))
+        }
+    }
+
+    /// The range of `hashes` holding `req`'s full-block chain, hashing its buffer the first
+    /// time the buffer is seen. A buffer's chain covers all its full blocks, and a prefix of
+    /// the buffer has a prefix of that chain, since every block's hash chains on the ones
+    /// before it.
+    fn chain_of(&mut self, req: &SimRequest) -> Range<usize> {
+        let seed = prompt_seed(&req.model, &req.cache_salt);
+        let bs = self.block_size;
+        let full_blocks = req.tokens.len() / bs;
+        let buffer = req.tokens.buffer();
+        let key = Arc::as_ptr(buffer) as *const u32 as usize;
+        if let Some(c) = self.chains.get(&key) {
+            if c.seed == seed && Arc::ptr_eq(&c.buffer, buffer) {
+                return c.start..c.start + full_blocks;
+            }
+        }
+        let start = self.hashes.len();
+        if Arc::strong_count(buffer) == 1 {
+            // Nothing else holds the buffer: no later request can share it.
+            hash_prompt_into(seed, &req.tokens, bs, full_blocks, &mut self.hashes);
+            return start..self.hashes.len();
+        }
+        hash_prompt_into(seed, buffer, bs, buffer.len() / bs, &mut self.hashes);
+        if self.chains.len() >= self.sweep_at {
+            self.chains.retain(|_, c| Arc::strong_count(&c.buffer) > 1);
+            self.sweep_at = (self.chains.len() * 2).max(64);
+        }
+        self.chains.insert(
+            key,
+            SharedChain {
+                buffer: Arc::clone(buffer),
+                seed,
+                start,
+            },
+        );
+        start..start + full_blocks
     }
 
     fn schedule(&mut self, at: f64, kind: EventKind) {
@@ -184,19 +270,22 @@ impl<'a> Sim<'a> {
     }
 
     fn run(&mut self, router: &mut dyn SimRouter, progress: &mut dyn FnMut(usize, usize)) {
-        let total = self.workload.len();
-        while self.finished < total {
-            let Some(Reverse(event)) = self.events.pop() else {
+        while self.finished < self.total {
+            let Some((at, arriving, kind)) = self.next_event() else {
                 break;
             };
-            if event.at > self.now {
+            if at > self.now {
                 self.idle_wakeups = 0;
             }
-            self.now = self.now.max(event.at);
-            match event.kind {
-                EventKind::Arrival(i) => self.arrive(i, router),
+            self.now = self.now.max(at);
+            match kind {
+                EventKind::Arrival => {
+                    if let Some(req) = arriving {
+                        self.arrive(req, router);
+                    }
+                }
                 EventKind::Wakeup => {
-                    if self.scheduled_wakeup == Some(event.at) {
+                    if self.scheduled_wakeup == Some(at) {
                         self.scheduled_wakeup = None;
                     }
                 }
@@ -204,26 +293,46 @@ impl<'a> Sim<'a> {
                 EventKind::DecodeDone(i) => self.decode_done(i, router),
             }
             let decided = self.poll(router);
-            if matches!(event.kind, EventKind::Wakeup) && decided == 0 {
+            if matches!(kind, EventKind::Wakeup) && decided == 0 {
                 self.idle_wakeups += 1;
             }
             self.schedule_wakeup(router);
             self.report_progress(progress);
         }
-        progress(self.finished, total);
+        progress(self.finished, self.total);
     }
 
-    fn arrive(&mut self, i: usize, router: &mut dyn SimRouter) {
-        let req = &self.workload[i];
-        if self.index_of.contains_key(&req.id) {
+    fn arrive(&mut self, req: SimRequest, router: &mut dyn SimRouter) {
+        let i = self.records.len();
+        let duplicate = self.index_of.contains_key(&req.id);
+        let blocks = if duplicate { 0..0 } else { self.chain_of(&req) };
+        self.records.push(RequestRecord {
+            id: req.id,
+            arrival_ms: req.arrival_ms,
+            group: req.group,
+            step: req.step,
+            status: Status::Pending,
+            replica: None,
+            decided_ms: f64::NAN,
+            first_token_ms: f64::NAN,
+            done_ms: f64::NAN,
+            cached_tokens: 0,
+            computed_tokens: 0,
+            job: Job {
+                request: i,
+                prompt_tokens: u32::try_from(req.tokens.len()).unwrap_or(u32::MAX),
+                output_tokens: req.output_tokens,
+                blocks,
+            },
+        });
+        if duplicate {
             self.records[i].status = Status::Rejected;
             self.records[i].decided_ms = self.now;
             self.finished += 1;
             return;
         }
         self.index_of.insert(req.id, i);
-        self.records[i].status = Status::Pending;
-        router.submit(self.now, req, &self.view);
+        router.submit(self.now, &req, &self.view);
     }
 
     fn poll(&mut self, router: &mut dyn SimRouter) -> usize {
@@ -256,6 +365,14 @@ impl<'a> Sim<'a> {
         record.status = Status::Dispatched;
         record.replica = Some(r);
         let job = record.job.clone();
+        let counted = self
+            .counted
+            .entry(job.blocks.start)
+            .or_insert(job.blocks.start);
+        if job.blocks.end > *counted {
+            self.distinct.extend(&self.hashes[*counted..job.blocks.end]);
+            *counted = job.blocks.end;
+        }
         let started = self.replicas[r].dispatch(self.now, job, &self.hashes);
         self.started(r, started);
     }
@@ -279,7 +396,7 @@ impl<'a> Sim<'a> {
         let started = self.replicas[r].complete(self.now, &record.job, &self.hashes);
         self.started(r, started);
         self.finished += 1;
-        router.on_complete(self.now, self.workload[i].id, r);
+        router.on_complete(self.now, self.records[i].id, r);
     }
 
     /// Books a prefill that has just started on replica `r` and refreshes `r`'s view.
@@ -311,19 +428,18 @@ impl<'a> Sim<'a> {
     }
 
     fn report_progress(&mut self, progress: &mut dyn FnMut(usize, usize)) {
-        let total = self.workload.len();
+        let total = self.total;
         if self.finished >= self.next_progress && self.finished < total {
             progress(self.finished, total);
             self.next_progress = self.finished + total.div_ceil(100).max(1);
         }
     }
 
-    fn into_outcome(self) -> RunOutcome<'a> {
+    fn into_outcome(self) -> RunOutcome {
         RunOutcome {
-            workload: self.workload,
             records: self.records,
             replicas: self.replicas,
-            hashes: self.hashes,
+            distinct_blocks: self.distinct.len() as u64,
             block_size: self.block_size,
             end_ms: self.now,
         }

@@ -14,7 +14,12 @@ pub mod router;
 pub mod workload;
 
 pub use config::{FleetConfig, ParamError};
-pub use engine::run;
+pub use engine::{run, run_stream};
 pub use report::{render_table, write_reports, PipelineReport};
-pub use router::{Decision, LeastInFlight, ReplicaState, RoundRobin, SimRequest, SimRouter};
-pub use workload::{parse_trace, read_trace, Workload, WorkloadError};
+pub use router::{
+    Decision, LeastInFlight, ReplicaState, RoundRobin, SimRequest, SimRouter, Tokens,
+};
+pub use workload::{
+    default_memory_limit, format_bytes, parse_bytes, parse_trace, read_trace, Workload,
+    WorkloadError,
+};

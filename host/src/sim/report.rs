@@ -4,10 +4,9 @@
 mod html;
 
 use super::engine::{RunOutcome, Status};
-use super::kv_cache::HashBuild;
 use super::replica::ReplicaStats;
 use serde::Serialize;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -122,23 +121,22 @@ impl Summary {
 }
 
 impl PipelineReport {
-    pub(crate) fn from_outcome(name: &str, run: &RunOutcome<'_>) -> PipelineReport {
+    pub(crate) fn from_outcome(name: &str, run: &RunOutcome) -> PipelineReport {
         let bs = run.block_size as u64;
         let mut counts = [0u64; 3];
         let (mut prompt_tokens, mut computed, mut cached, mut tails) = (0u64, 0u64, 0u64, 0u64);
-        let mut distinct: HashSet<u64, HashBuild> = HashSet::default();
         let (mut ttft, mut e2e, mut wait) = (Vec::new(), Vec::new(), Vec::new());
         // (step, group) → replicas that prefilled part of the group's block-aligned prompt.
         let mut prefillers: BTreeMap<(u32, u64), Vec<usize>> = BTreeMap::new();
 
-        for (req, rec) in run.workload.iter().zip(&run.records) {
+        for rec in &run.records {
             match rec.status {
                 Status::Completed => counts[0] += 1,
                 Status::Rejected => counts[1] += 1,
                 _ => counts[2] += 1,
             }
             if !rec.decided_ms.is_nan() {
-                wait.push(rec.decided_ms - req.arrival_ms);
+                wait.push(rec.decided_ms - rec.arrival_ms);
             }
             let Some(replica) = rec.replica else {
                 continue;
@@ -148,13 +146,12 @@ impl PipelineReport {
             computed += u64::from(rec.computed_tokens);
             cached += u64::from(rec.cached_tokens);
             tails += len % bs;
-            distinct.extend(&run.hashes[rec.job.blocks.clone()]);
             if rec.status == Status::Completed {
-                ttft.push(rec.first_token_ms - req.arrival_ms);
-                e2e.push(rec.done_ms - req.arrival_ms);
+                ttft.push(rec.first_token_ms - rec.arrival_ms);
+                e2e.push(rec.done_ms - rec.arrival_ms);
             }
-            if let Some(step) = req.step {
-                let holders = prefillers.entry((step, req.group)).or_default();
+            if let Some(step) = rec.step {
+                let holders = prefillers.entry((step, rec.group)).or_default();
                 let aligned = len - len % bs;
                 if u64::from(rec.cached_tokens) < aligned && !holders.contains(&replica) {
                     holders.push(replica);
@@ -175,14 +172,14 @@ impl PipelineReport {
 
         PipelineReport {
             name: name.to_string(),
-            requests: run.workload.len() as u64,
+            requests: run.records.len() as u64,
             completed: counts[0],
             rejected: counts[1],
             unrouted: counts[2],
             prompt_tokens,
             prefill_tokens_computed: computed,
             prefill_tokens_cached: cached,
-            prefill_tokens_ideal: distinct.len() as u64 * bs + tails,
+            prefill_tokens_ideal: run.distinct_blocks * bs + tails,
             cache_hit_rate: if prompt_tokens == 0 {
                 0.0
             } else {
@@ -200,7 +197,7 @@ impl PipelineReport {
     }
 }
 
-fn replica_load(run: &RunOutcome<'_>) -> ReplicaLoad {
+fn replica_load(run: &RunOutcome) -> ReplicaLoad {
     let peak_per_replica: Vec<u32> = run.replicas.iter().map(|r| r.stats().peak_load).collect();
     let per_replica =
         |f: fn(&ReplicaStats) -> u64| run.replicas.iter().map(|r| f(r.stats())).collect();
@@ -219,7 +216,7 @@ fn replica_load(run: &RunOutcome<'_>) -> ReplicaLoad {
     }
 }
 
-fn load_series(run: &RunOutcome<'_>) -> LoadSeries {
+fn load_series(run: &RunOutcome) -> LoadSeries {
     let buckets = if run.end_ms > 0.0 { LOAD_BUCKETS } else { 1 };
     let bucket_ms = run.end_ms / buckets as f64;
     let per_replica = run

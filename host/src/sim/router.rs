@@ -1,6 +1,70 @@
 //! The routing interface the simulator drives, the request and fleet views it hands a router,
 //! and two baseline routers.
 
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+
+/// Prompt token ids, possibly shared with other requests: the first `len` ids of a reference
+/// counted buffer. The samples of one RL prompt share one buffer, and the turns of a
+/// multi-turn session are prefixes of the session's buffer, so a workload holds each distinct
+/// prompt once however many requests carry it.
+#[derive(Clone)]
+pub struct Tokens {
+    buf: Arc<[u32]>,
+    len: usize,
+}
+
+impl Tokens {
+    /// The first `len` ids of `buf` (all of them when `len` is larger).
+    pub fn prefix(buf: &Arc<[u32]>, len: usize) -> Tokens {
+        Tokens {
+            buf: Arc::clone(buf),
+            len: len.min(buf.len()),
+        }
+    }
+
+    /// The whole buffer these ids are a prefix of.
+    pub fn buffer(&self) -> &Arc<[u32]> {
+        &self.buf
+    }
+
+    /// Whether `self` and `other` are prefixes of the same buffer.
+    pub fn shares_buffer_with(&self, other: &Tokens) -> bool {
+        Arc::ptr_eq(&self.buf, &other.buf)
+    }
+}
+
+impl Deref for Tokens {
+    type Target = [u32];
+
+    fn deref(&self) -> &[u32] {
+        &self.buf[..self.len]
+    }
+}
+
+impl From<Vec<u32>> for Tokens {
+    fn from(tokens: Vec<u32>) -> Tokens {
+        let len = tokens.len();
+        Tokens {
+            buf: tokens.into(),
+            len,
+        }
+    }
+}
+
+impl PartialEq for Tokens {
+    fn eq(&self, other: &Tokens) -> bool {
+        **self == **other
+    }
+}
+
+impl fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
 /// One inference request of a workload.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimRequest {
@@ -11,7 +75,7 @@ pub struct SimRequest {
     pub model: String,
     pub cache_salt: String,
     /// Prompt token ids.
-    pub tokens: Vec<u32>,
+    pub tokens: Tokens,
     /// Tokens the replica generates; the first one comes out of prefill.
     pub output_tokens: u32,
     /// Workload tag: requests built to share a prompt prefix share a group (an RL prompt within
@@ -162,7 +226,7 @@ mod tests {
             arrival_ms: 0.0,
             model: "m".into(),
             cache_salt: String::new(),
-            tokens: vec![1, 2, 3],
+            tokens: vec![1, 2, 3].into(),
             output_tokens: 1,
             group: 0,
             step: None,

@@ -44,6 +44,11 @@ pub enum WorkloadError {
         workload: &'static str,
         source: ParamError,
     },
+    /// A parameter of the wrong type, or a run that would not fit in the memory allowed.
+    Refused {
+        workload: &'static str,
+        message: String,
+    },
 }
 
 impl fmt::Display for WorkloadError {
@@ -60,6 +65,9 @@ impl fmt::Display for WorkloadError {
             WorkloadError::Invalid { workload, source } => {
                 write!(f, "workload {workload}: {source}")
             }
+            WorkloadError::Refused { workload, message } => {
+                write!(f, "workload {workload}: {message}")
+            }
         }
     }
 }
@@ -67,7 +75,7 @@ impl fmt::Display for WorkloadError {
 impl std::error::Error for WorkloadError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            WorkloadError::UnknownName(_) => None,
+            WorkloadError::UnknownName(_) | WorkloadError::Refused { .. } => None,
             WorkloadError::Decode { source, .. } => Some(source),
             WorkloadError::Invalid { source, .. } => Some(source),
         }
@@ -117,13 +125,131 @@ impl Workload {
         }
     }
 
-    /// The requests, in arrival order, numbered from 0. Parameters are assumed validated.
-    pub fn generate(&self) -> Vec<SimRequest> {
+    /// Requests in the workload.
+    pub fn len(&self) -> usize {
         match self {
-            Workload::RlRollout(p) => p.generate(),
-            Workload::SharedPrefix(p) => p.generate(),
-            Workload::MultiTurn(p) => p.generate(),
+            Workload::RlRollout(p) => p.request_count(),
+            Workload::SharedPrefix(p) => p.request_count(),
+            Workload::MultiTurn(p) => p.request_count(),
         }
+    }
+
+    /// Always false: every valid workload has requests.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The requests, in arrival order, numbered from 0, made as they are asked for where the
+    /// generator allows (`rl-rollout`, `shared-prefix`); the same every time. Parameters are
+    /// assumed validated.
+    pub fn requests(&self) -> Box<dyn Iterator<Item = SimRequest> + '_> {
+        match self {
+            Workload::RlRollout(p) => Box::new(p.requests()),
+            Workload::SharedPrefix(p) => Box::new(p.requests()),
+            Workload::MultiTurn(p) => Box::new(p.generate().into_iter()),
+        }
+    }
+
+    /// An estimate of the memory a `simulate` run of this workload takes, in bytes, made from
+    /// the parameters alone so that a run too large to fit is refused before anything is
+    /// allocated. It counts, per request, what the simulator keeps for the report; per
+    /// distinct full block of 16 tokens, its hash in the simulator and in the ideal-prefill
+    /// count; the token buffers a generator holds at once; and a copy of the prompts of the
+    /// requests in flight together (one RL step, or, when a step's prefill on the default
+    /// fleet outlasts `stepIntervalMs`, the steps piling up;
+    /// one prompt per session; for Poisson arrivals, a fleet's worth of batches), which a
+    /// pipeline holds while they are in flight. A fleet falling far behind its arrivals holds
+    /// more.
+    pub fn memory_estimate(&self) -> u64 {
+        const PER_REQUEST: f64 = 256.0;
+        const PER_BLOCK: f64 = 40.0;
+        const PER_TOKEN: f64 = 4.0;
+        /// A pipeline's copy of an in-flight prompt and its block hashes.
+        const IN_FLIGHT_PER_TOKEN: f64 = PER_TOKEN + 8.0 / 16.0;
+        const BLOCK: f64 = 16.0;
+        /// Requests assumed in flight at once under Poisson arrivals.
+        const POISSON_IN_FLIGHT: f64 = 4096.0;
+        let mean = |min: u32, max: u32| (f64::from(min) + f64::from(max)) / 2.0;
+        let n = self.len() as f64;
+        let bytes = match self {
+            Workload::RlRollout(p) => {
+                let prompt = mean(p.prompt_tokens_min, p.prompt_tokens_max);
+                let per_step = f64::from(p.prompts) * f64::from(p.samples);
+                let distinct = f64::from(p.prompts) * f64::from(p.steps) * prompt;
+                // A step's prompts prefilled once per replica they are spread over, at the
+                // default fleet's rate (8 replicas × 16000 tokens/s): when that takes longer
+                // than the step interval, steps pile up and every request may be in flight.
+                let replicas = 8.0;
+                let step_work_ms =
+                    f64::from(p.prompts) * f64::from(p.samples).min(replicas) * prompt
+                        / (replicas * 16.0);
+                let together = if p.step_interval_ms >= step_work_ms {
+                    per_step
+                } else {
+                    n * (1.0 - p.step_interval_ms / step_work_ms)
+                };
+                n * PER_REQUEST
+                    + distinct / BLOCK * PER_BLOCK
+                    + f64::from(p.prompts) * prompt * PER_TOKEN
+                    + together * prompt * IN_FLIGHT_PER_TOKEN
+            }
+            Workload::SharedPrefix(p) => {
+                let system = f64::from(p.system_prompt_tokens);
+                let prompt = system + f64::from(p.question_tokens);
+                let distinct = f64::from(p.groups) * system + n * f64::from(p.question_tokens);
+                n * PER_REQUEST
+                    + (n * prompt / BLOCK * 8.0 + distinct / BLOCK * (PER_BLOCK - 8.0))
+                    + f64::from(p.groups) * system * PER_TOKEN
+                    + n.min(POISSON_IN_FLIGHT) * prompt * IN_FLIGHT_PER_TOKEN
+            }
+            Workload::MultiTurn(p) => {
+                let last = f64::from(p.system_prompt_tokens)
+                    + f64::from(p.turns) * mean(p.user_tokens_min, p.user_tokens_max)
+                    + f64::from(p.turns - 1) * mean(p.output_tokens_min, p.output_tokens_max);
+                let sessions = f64::from(p.sessions);
+                // Every request is made before the run, and its session's buffer with it.
+                n * 2.0 * PER_REQUEST
+                    + sessions * last / BLOCK * PER_BLOCK
+                    + sessions * last * PER_TOKEN
+                    + sessions * last * IN_FLIGHT_PER_TOKEN
+            }
+        };
+        bytes as u64
+    }
+
+    /// The parameters that drive [`Workload::memory_estimate`], to name in a refusal.
+    pub fn size_parameters(&self) -> &'static str {
+        match self {
+            Workload::RlRollout(_) => "steps, prompts, samples or promptTokensMax",
+            Workload::SharedPrefix(_) => {
+                "groups, promptsPerGroup, systemPromptTokens or questionTokens"
+            }
+            Workload::MultiTurn(_) => "sessions, turns, systemPromptTokens or userTokensMax",
+        }
+    }
+
+    /// Refuses the workload when its [`Workload::memory_estimate`] exceeds `limit` bytes;
+    /// `limit_source` says where the limit came from.
+    pub fn check_memory(&self, limit: u64, limit_source: &str) -> Result<(), WorkloadError> {
+        let estimate = self.memory_estimate();
+        if estimate <= limit {
+            return Ok(());
+        }
+        Err(WorkloadError::Refused {
+            workload: self.name(),
+            message: format!(
+                "this run needs an estimated {} of memory, over the limit of {} ({limit_source}); \
+                 lower {}, or raise the limit with --max-memory",
+                format_bytes(estimate),
+                format_bytes(limit),
+                self.size_parameters()
+            ),
+        })
+    }
+
+    /// All requests at once (see [`Workload::requests`]).
+    pub fn generate(&self) -> Vec<SimRequest> {
+        self.requests().collect()
     }
 }
 
@@ -131,14 +257,112 @@ fn decode<T: serde::de::DeserializeOwned>(
     name: &str,
     overrides: serde_json::Value,
 ) -> Result<T, WorkloadError> {
-    serde_json::from_value(overrides).map_err(|source| WorkloadError::Decode {
-        workload: Workload::NAMES
-            .iter()
-            .find(|n| **n == name)
-            .copied()
-            .unwrap_or("?"),
-        source,
+    let workload = Workload::NAMES
+        .iter()
+        .find(|n| **n == name)
+        .copied()
+        .unwrap_or("?");
+    serde_json::from_value(overrides.clone()).map_err(|source| {
+        // Find the parameter at fault and say what it takes.
+        let bad = overrides.as_object().and_then(|object| {
+            object.iter().find_map(|(key, value)| {
+                let alone = serde_json::json!({ key: value });
+                let valid = valid_values(workload, key)?;
+                serde_json::from_value::<T>(alone).is_err().then(|| {
+                    let shown = match value {
+                        serde_json::Value::String(s) => format!("{s:?}"),
+                        other => other.to_string(),
+                    };
+                    format!("{key} must be {valid} (got {shown})")
+                })
+            })
+        });
+        match bad {
+            Some(message) => WorkloadError::Refused { workload, message },
+            None => WorkloadError::Decode { workload, source },
+        }
     })
+}
+
+/// What a workload parameter takes, as documented (`None` for an unknown name).
+fn valid_values(workload: &str, key: &str) -> Option<&'static str> {
+    let common = match key {
+        "seed" => Some("an integer in 0..=18446744073709551615"),
+        "model" | "cacheSalt" => Some("a string"),
+        _ => None,
+    };
+    let specific = match (workload, key) {
+        ("rl-rollout", "prompts") => "an integer in 1..=100000",
+        ("rl-rollout", "samples") => "an integer in 1..=10000",
+        ("rl-rollout", "steps") => "an integer in 1..=100000",
+        ("rl-rollout", "stepIntervalMs") | ("multi-turn", "thinkTimeMs") => "a number in 0..=1e9",
+        ("rl-rollout", "promptTokensMin" | "promptTokensMax")
+        | ("rl-rollout" | "multi-turn", "outputTokensMin" | "outputTokensMax")
+        | ("multi-turn", "userTokensMin" | "userTokensMax")
+        | ("shared-prefix", "outputTokens") => "an integer in 1..=1000000",
+        ("rl-rollout", "interleaved") => "true or false",
+        ("shared-prefix", "groups" | "promptsPerGroup") | ("multi-turn", "sessions") => {
+            "an integer in 1..=100000"
+        }
+        ("shared-prefix" | "multi-turn", "systemPromptTokens")
+        | ("shared-prefix", "questionTokens") => "an integer in 0..=1000000",
+        ("shared-prefix", "requestsPerSecond") | ("multi-turn", "sessionsPerSecond") => {
+            "a number in (0, 1e6]"
+        }
+        ("multi-turn", "turns") => "an integer in 1..=1000",
+        _ => return common,
+    };
+    Some(specific)
+}
+
+/// `bytes` in binary units with one decimal (`1.5 GiB`).
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// Reads a memory size: a whole number of bytes, or one with a `K`, `M`, `G` or `T` suffix
+/// (binary units, an optional `iB`/`B` after it, case-insensitive).
+pub fn parse_bytes(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(digits);
+    let number: u64 = number.parse().ok()?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        _ => return None,
+    };
+    number.checked_mul(1u64 << shift)
+}
+
+/// The default memory limit of `simulate`: half of the machine's physical memory
+/// (`MemTotal` in `/proc/meminfo`), or 8 GiB where that cannot be read.
+pub fn default_memory_limit() -> (u64, &'static str) {
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+            kib.checked_mul(1024)
+        });
+    match total {
+        Some(bytes) => (bytes / 2, "half of physical memory"),
+        None => (8 << 30, "the default when physical memory is unknown"),
+    }
 }
 
 /// Appends `n` random token ids.

@@ -9,7 +9,7 @@ fn request(id: u64, arrival_ms: f64, tokens: Vec<u32>, output_tokens: u32) -> Si
         arrival_ms,
         model: "m".into(),
         cache_salt: String::new(),
-        tokens,
+        tokens: tokens.into(),
         output_tokens,
         group: id,
         step: None,
@@ -478,4 +478,72 @@ fn ten_thousand_requests() {
     let report = run_quiet(&workload, &FleetConfig::default(), &mut RoundRobin::new());
     eprintln!("10,000 requests simulated in {:?}", started.elapsed());
     assert_eq!(report.completed, 10_000);
+}
+
+#[test]
+fn streamed_shared_and_copied_prompts_report_alike() {
+    // The same requests three ways: from the generator as it streams (samples and turns
+    // sharing buffers), from a slice of them, and with every prompt copied into its own
+    // buffer; the report must not tell them apart.
+    let fleet = fleet(3, 4, 200.0);
+    let rl = crate::sim::Workload::RlRollout(RlRolloutParams {
+        prompts: 5,
+        samples: 6,
+        steps: 3,
+        step_interval_ms: 400.0,
+        prompt_tokens_min: 40,
+        prompt_tokens_max: 300,
+        output_tokens_min: 10,
+        output_tokens_max: 40,
+        interleaved: true,
+        ..RlRolloutParams::default()
+    });
+    let mt = crate::sim::Workload::from_name(
+        "multi-turn",
+        serde_json::json!({"sessions": 4, "turns": 5, "thinkTimeMs": 300}),
+    )
+    .unwrap();
+    for workload in [rl, mt] {
+        let shared = workload.generate();
+        let copied: Vec<SimRequest> = shared
+            .iter()
+            .map(|r| SimRequest {
+                tokens: r.tokens.to_vec().into(),
+                ..r.clone()
+            })
+            .collect();
+        let streamed = run_stream(
+            workload.len(),
+            workload.requests(),
+            &fleet,
+            &mut RoundRobin::new(),
+            &mut |_, _| {},
+        );
+        let from_slice = run_quiet(&shared, &fleet, &mut RoundRobin::new());
+        let from_copies = run_quiet(&copied, &fleet, &mut RoundRobin::new());
+        assert_eq!(streamed, from_slice, "{}", workload.name());
+        assert_eq!(streamed, from_copies, "{}", workload.name());
+        assert!(streamed.prefill_tokens_cached > 0);
+    }
+}
+
+#[test]
+fn a_shared_buffer_under_another_model_gets_its_own_chain() {
+    // Two requests on one buffer but different models hash differently, so the second
+    // finds nothing of the first cached.
+    let buffer: std::sync::Arc<[u32]> = distinct_prompt(1, 320).into();
+    let mut a = request(0, 0.0, Vec::new(), 1);
+    a.tokens = crate::sim::Tokens::prefix(&buffer, 320);
+    let mut b = a.clone();
+    b.id = 1;
+    b.arrival_ms = 100.0;
+    b.model = "other".into();
+    let mut c = a.clone();
+    c.id = 2;
+    c.arrival_ms = 200.0;
+    c.tokens = crate::sim::Tokens::prefix(&buffer, 160);
+    let report = run_quiet(&[a, b, c], &fleet(1, 4, 100.0), &mut RoundRobin::new());
+    assert_eq!(report.prefill_tokens_cached, 160);
+    assert_eq!(report.prefill_tokens_computed, 640);
+    assert_eq!(report.prefill_tokens_ideal, 640);
 }

@@ -34,7 +34,10 @@ fn workload() -> Vec<SimRequest> {
             arrival_ms: 100.0 * i as f64,
             model: "m".into(),
             cache_salt: String::new(),
-            tokens: (0..320).map(|t| t + 1000 * (i as u32 % 2)).collect(),
+            tokens: (0..320)
+                .map(|t| t + 1000 * (i as u32 % 2))
+                .collect::<Vec<u32>>()
+                .into(),
             output_tokens: 11,
             group: i % 2,
             step: Some(0),

@@ -3,10 +3,11 @@
 
 use super::{check_order, exponential, number_by_arrival, push_random_tokens};
 use crate::sim::config::{check_float, check_range, ParamError};
-use crate::sim::router::SimRequest;
+use crate::sim::router::{SimRequest, Tokens};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
+use std::sync::Arc;
 
 /// Parameters of the `multi-turn` workload.
 ///
@@ -114,10 +115,20 @@ impl MultiTurnParams {
         Ok(())
     }
 
+    /// Requests in the workload.
+    pub fn request_count(&self) -> usize {
+        self.sessions as usize * self.turns as usize
+    }
+
+    /// The requests, in arrival order, numbered from 0. Sessions interleave in time, so all
+    /// are made before sorting; each turn's prompt is a prefix of its session's last prompt,
+    /// and all turns of a session share that one buffer.
     pub fn generate(&self) -> Vec<SimRequest> {
         let mut rng = SmallRng::seed_from_u64(self.seed);
         let mean_start_gap_ms = 1000.0 / self.sessions_per_second;
-        let mut requests = Vec::with_capacity(self.sessions as usize * self.turns as usize);
+        let mut requests = Vec::with_capacity(self.request_count());
+        // (arrival, prompt length, output tokens) of the current session's turns.
+        let mut turns = Vec::with_capacity(self.turns as usize);
         let mut start = 0.0;
         for s in 0..self.sessions {
             if s > 0 {
@@ -127,6 +138,7 @@ impl MultiTurnParams {
             push_random_tokens(&mut rng, self.system_prompt_tokens, &mut prompt);
             let mut arrival_ms = start;
             let mut previous_answer = 0;
+            turns.clear();
             for t in 0..self.turns {
                 if t > 0 {
                     arrival_ms += self.think_time_ms * rng.random_range(0.5..=1.5);
@@ -136,17 +148,21 @@ impl MultiTurnParams {
                 push_random_tokens(&mut rng, user, &mut prompt);
                 let output_tokens =
                     rng.random_range(self.output_tokens_min..=self.output_tokens_max);
+                turns.push((arrival_ms, prompt.len(), output_tokens));
+                previous_answer = output_tokens;
+            }
+            let buf: Arc<[u32]> = prompt.into();
+            for &(arrival_ms, len, output_tokens) in &turns {
                 requests.push(SimRequest {
                     id: 0,
                     arrival_ms,
                     model: self.model.clone(),
                     cache_salt: self.cache_salt.clone(),
-                    tokens: prompt.clone(),
+                    tokens: Tokens::prefix(&buf, len),
                     output_tokens,
                     group: u64::from(s),
                     step: None,
                 });
-                previous_answer = output_tokens;
             }
         }
         number_by_arrival(requests)

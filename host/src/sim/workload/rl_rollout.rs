@@ -1,12 +1,13 @@
 //! RL rollout bursts: every step, `prompts` fresh prompts each sampled `samples` times, all
 //! arriving at the step's start; steps start every `stepIntervalMs`.
 
-use super::{check_order, number_by_arrival, push_random_tokens};
+use super::{check_order, push_random_tokens};
 use crate::sim::config::{check_float, check_range, ParamError};
-use crate::sim::router::SimRequest;
+use crate::sim::router::{SimRequest, Tokens};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
+use std::sync::Arc;
 
 /// Parameters of the `rl-rollout` workload.
 ///
@@ -96,39 +97,97 @@ impl RlRolloutParams {
         Ok(())
     }
 
+    /// Requests in the workload.
+    pub fn request_count(&self) -> usize {
+        self.prompts as usize * self.samples as usize * self.steps as usize
+    }
+
+    /// The requests, in arrival order, generated one step at a time: only the current step's
+    /// prompts are held, and each prompt's samples share its tokens.
+    pub fn requests(&self) -> RlRolloutRequests<'_> {
+        RlRolloutRequests {
+            params: self,
+            rng: SmallRng::seed_from_u64(self.seed),
+            step: 0,
+            k: 0,
+            prompts: Vec::with_capacity(self.prompts as usize),
+            next_id: 0,
+        }
+    }
+
     pub fn generate(&self) -> Vec<SimRequest> {
-        let mut rng = SmallRng::seed_from_u64(self.seed);
-        let per_step = self.prompts as usize * self.samples as usize;
-        let mut requests = Vec::with_capacity(per_step * self.steps as usize);
-        let mut prompts: Vec<Vec<u32>> = Vec::with_capacity(self.prompts as usize);
-        for step in 0..self.steps {
-            let arrival_ms = f64::from(step) * self.step_interval_ms;
-            prompts.clear();
-            for _ in 0..self.prompts {
-                let len = rng.random_range(self.prompt_tokens_min..=self.prompt_tokens_max);
+        self.requests().collect()
+    }
+}
+
+/// The requests of an [`RlRolloutParams`] workload, made as they are asked for.
+///
+/// Steps arrive at nondecreasing times (`s × stepIntervalMs` with a non-negative interval) and
+/// the requests of one step at the same time, so generation order is arrival order and
+/// requests are numbered as they are made.
+pub struct RlRolloutRequests<'a> {
+    params: &'a RlRolloutParams,
+    rng: SmallRng,
+    step: u32,
+    /// Position within the step.
+    k: u32,
+    /// The current step's prompts; empty before the step's first request.
+    prompts: Vec<Arc<[u32]>>,
+    next_id: u64,
+}
+
+impl Iterator for RlRolloutRequests<'_> {
+    type Item = SimRequest;
+
+    fn next(&mut self) -> Option<SimRequest> {
+        let p = self.params;
+        let per_step = p.prompts * p.samples;
+        if self.k == per_step {
+            self.step += 1;
+            self.k = 0;
+            self.prompts.clear();
+        }
+        if self.step >= p.steps {
+            return None;
+        }
+        if self.k == 0 {
+            for _ in 0..p.prompts {
+                let len = self
+                    .rng
+                    .random_range(p.prompt_tokens_min..=p.prompt_tokens_max);
                 let mut tokens = Vec::with_capacity(len as usize);
-                push_random_tokens(&mut rng, len, &mut tokens);
-                prompts.push(tokens);
-            }
-            for k in 0..per_step as u32 {
-                let (p, _sample) = if self.interleaved {
-                    (k % self.prompts, k / self.prompts)
-                } else {
-                    (k / self.samples, k % self.samples)
-                };
-                requests.push(SimRequest {
-                    id: 0,
-                    arrival_ms,
-                    model: self.model.clone(),
-                    cache_salt: self.cache_salt.clone(),
-                    tokens: prompts[p as usize].clone(),
-                    output_tokens: rng
-                        .random_range(self.output_tokens_min..=self.output_tokens_max),
-                    group: u64::from(step) * u64::from(self.prompts) + u64::from(p),
-                    step: Some(step),
-                });
+                push_random_tokens(&mut self.rng, len, &mut tokens);
+                self.prompts.push(tokens.into());
             }
         }
-        number_by_arrival(requests)
+        let k = self.k;
+        self.k += 1;
+        let (prompt, _sample) = if p.interleaved {
+            (k % p.prompts, k / p.prompts)
+        } else {
+            (k / p.samples, k % p.samples)
+        };
+        let buf = &self.prompts[prompt as usize];
+        let id = self.next_id;
+        self.next_id += 1;
+        Some(SimRequest {
+            id,
+            arrival_ms: f64::from(self.step) * p.step_interval_ms,
+            model: p.model.clone(),
+            cache_salt: p.cache_salt.clone(),
+            tokens: Tokens::prefix(buf, buf.len()),
+            output_tokens: self
+                .rng
+                .random_range(p.output_tokens_min..=p.output_tokens_max),
+            group: u64::from(self.step) * u64::from(p.prompts) + u64::from(prompt),
+            step: Some(self.step),
+        })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let p = self.params;
+        let done = self.step as usize * (p.prompts * p.samples) as usize + self.k as usize;
+        let left = p.request_count().saturating_sub(done);
+        (left, Some(left))
     }
 }

@@ -1,7 +1,7 @@
 //! Shared-prefix groups: `groups` system prompts, each followed by `promptsPerGroup` distinct
 //! questions, arriving in random order as a Poisson process.
 
-use super::{exponential, number_by_arrival, push_random_tokens};
+use super::{exponential, push_random_tokens};
 use crate::sim::config::{check_float, check_range, ParamError};
 use crate::sim::router::SimRequest;
 use rand::rngs::SmallRng;
@@ -87,7 +87,14 @@ impl SharedPrefixParams {
         Ok(())
     }
 
-    pub fn generate(&self) -> Vec<SimRequest> {
+    /// Requests in the workload.
+    pub fn request_count(&self) -> usize {
+        self.groups as usize * self.prompts_per_group as usize
+    }
+
+    /// The requests, in arrival order, each made when asked for: the system prompts and the
+    /// shuffled order are drawn first, then each request's gap and question.
+    pub fn requests(&self) -> SharedPrefixRequests<'_> {
         let mut rng = SmallRng::seed_from_u64(self.seed);
         let mut order: Vec<(u32, u32)> = (0..self.groups)
             .flat_map(|g| (0..self.prompts_per_group).map(move |q| (g, q)))
@@ -99,28 +106,63 @@ impl SharedPrefixParams {
             systems.push(tokens);
         }
         order.shuffle(&mut rng);
-        let mean_gap_ms = 1000.0 / self.requests_per_second;
-        let mut now = 0.0;
-        let mut requests = Vec::with_capacity(order.len());
-        for (i, &(g, _q)) in order.iter().enumerate() {
-            if i > 0 {
-                now += exponential(&mut rng, mean_gap_ms);
-            }
-            let system = &systems[g as usize];
-            let mut tokens = Vec::with_capacity(system.len() + self.question_tokens as usize);
-            tokens.extend_from_slice(system);
-            push_random_tokens(&mut rng, self.question_tokens, &mut tokens);
-            requests.push(SimRequest {
-                id: 0,
-                arrival_ms: now,
-                model: self.model.clone(),
-                cache_salt: self.cache_salt.clone(),
-                tokens,
-                output_tokens: self.output_tokens,
-                group: u64::from(g),
-                step: None,
-            });
+        SharedPrefixRequests {
+            params: self,
+            rng,
+            order,
+            systems,
+            next: 0,
+            now: 0.0,
         }
-        number_by_arrival(requests)
+    }
+
+    pub fn generate(&self) -> Vec<SimRequest> {
+        self.requests().collect()
+    }
+}
+
+/// The requests of a [`SharedPrefixParams`] workload, made as they are asked for.
+///
+/// Arrival gaps are non-negative, so generation order is arrival order and requests are
+/// numbered as they are made.
+pub struct SharedPrefixRequests<'a> {
+    params: &'a SharedPrefixParams,
+    rng: SmallRng,
+    order: Vec<(u32, u32)>,
+    systems: Vec<Vec<u32>>,
+    next: usize,
+    now: f64,
+}
+
+impl Iterator for SharedPrefixRequests<'_> {
+    type Item = SimRequest;
+
+    fn next(&mut self) -> Option<SimRequest> {
+        let p = self.params;
+        let i = self.next;
+        let &(g, _q) = self.order.get(i)?;
+        self.next += 1;
+        if i > 0 {
+            self.now += exponential(&mut self.rng, 1000.0 / p.requests_per_second);
+        }
+        let system = &self.systems[g as usize];
+        let mut tokens = Vec::with_capacity(system.len() + p.question_tokens as usize);
+        tokens.extend_from_slice(system);
+        push_random_tokens(&mut self.rng, p.question_tokens, &mut tokens);
+        Some(SimRequest {
+            id: i as u64,
+            arrival_ms: self.now,
+            model: p.model.clone(),
+            cache_salt: p.cache_salt.clone(),
+            tokens: tokens.into(),
+            output_tokens: p.output_tokens,
+            group: u64::from(g),
+            step: None,
+        })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.order.len() - self.next;
+        (left, Some(left))
     }
 }

@@ -55,13 +55,58 @@ fn rl_samples_of_a_prompt_are_identical_and_prompts_differ() {
         assert_eq!(members.len(), 4);
         assert!(members.iter().all(|r| r.tokens == members[0].tokens));
     }
-    let firsts: Vec<&Vec<u32>> = (0..6u64)
+    let firsts: Vec<&crate::sim::Tokens> = (0..6u64)
         .map(|g| &w.iter().find(|r| r.group == g).unwrap().tokens)
         .collect();
     for i in 0..6 {
         for j in i + 1..6 {
             assert_ne!(firsts[i], firsts[j]);
         }
+    }
+}
+
+#[test]
+fn rl_samples_share_their_prompts_buffer() {
+    for interleaved in [false, true] {
+        let w = RlRolloutParams {
+            interleaved,
+            ..small_rl()
+        }
+        .generate();
+        for g in 0..6u64 {
+            let members: Vec<_> = w.iter().filter(|r| r.group == g).collect();
+            assert!(members
+                .iter()
+                .all(|r| r.tokens.shares_buffer_with(&members[0].tokens)));
+        }
+        let first = &w[0].tokens;
+        assert!(w
+            .iter()
+            .filter(|r| r.group != w[0].group)
+            .all(|r| !r.tokens.shares_buffer_with(first)));
+    }
+}
+
+#[test]
+fn streamed_requests_are_numbered_in_arrival_order_and_sized_ahead() {
+    let rl = Workload::RlRollout(RlRolloutParams {
+        interleaved: true,
+        ..small_rl()
+    });
+    let sp =
+        Workload::from_name("shared-prefix", json!({"groups": 3, "promptsPerGroup": 5})).unwrap();
+    let mt = Workload::MultiTurn(MultiTurnParams::default());
+    for w in [rl, sp, mt] {
+        let requests = w.generate();
+        assert_eq!(requests.len(), w.len());
+        assert_eq!(w.requests().size_hint(), (w.len(), Some(w.len())));
+        for (i, r) in requests.iter().enumerate() {
+            assert_eq!(r.id, i as u64);
+        }
+        assert!(requests
+            .windows(2)
+            .all(|p| p[0].arrival_ms <= p[1].arrival_ms));
+        assert_eq!(requests, w.requests().collect::<Vec<_>>(), "{}", w.name());
     }
 }
 
@@ -149,6 +194,7 @@ fn multi_turn_prompts_extend_the_previous_turn() {
         for t in 1..3 {
             let (prev, next) = (turns[t - 1], turns[t]);
             assert!(next.tokens.starts_with(&prev.tokens));
+            assert!(next.tokens.shares_buffer_with(&prev.tokens));
             let added = next.tokens.len() - prev.tokens.len() - prev.output_tokens as usize;
             assert!((4..=8).contains(&added), "user message of {added} tokens");
             let gap = next.arrival_ms - prev.arrival_ms;
@@ -265,7 +311,7 @@ fn trace_lines_become_requests_in_arrival_order() {
     assert_eq!(w.len(), 2);
     assert_eq!(w[0].id, 0);
     assert_eq!(w[0].arrival_ms, 1.5);
-    assert_eq!(w[0].tokens, vec![1, 2, 3]);
+    assert_eq!(*w[0].tokens, [1, 2, 3]);
     assert_eq!(
         (w[0].cache_salt.as_str(), w[0].group, w[0].step),
         ("s", 4, Some(2))
@@ -273,7 +319,7 @@ fn trace_lines_become_requests_in_arrival_order() {
     assert_eq!(w[0].model, "");
     assert_eq!(w[1].id, 1);
     assert_eq!(w[1].model, "m");
-    assert_eq!(w[1].tokens, vec![1819043176, 1870078063, 6581362]);
+    assert_eq!(*w[1].tokens, [1819043176, 1870078063, 6581362]);
     assert_eq!(w[1].output_tokens, 3);
 }
 
@@ -329,4 +375,74 @@ fn missing_trace_file_names_the_path() {
             .starts_with("cannot read trace no-such-dir/trace.jsonl: "),
         "{err}"
     );
+}
+
+#[test]
+fn memory_estimates_grow_with_the_work_and_refuse_over_the_limit() {
+    let rl = |set: serde_json::Value| Workload::from_name("rl-rollout", set).unwrap();
+    let small = rl(json!({}));
+    let million = rl(json!({"steps": 1954}));
+    let huge = rl(json!({"steps": 19000}));
+    assert!(small.memory_estimate() < 64 << 20);
+    assert!(million.memory_estimate() < 1 << 30);
+    assert!(huge.memory_estimate() > 4 * million.memory_estimate());
+    // Every step at once keeps every prompt of every request in flight.
+    let burst = rl(json!({"steps": 1954, "stepIntervalMs": 0}));
+    assert!(burst.memory_estimate() > 8 << 30);
+    million.check_memory(1 << 30, "test").unwrap();
+    let message = huge.check_memory(1 << 30, "test").unwrap_err().to_string();
+    assert!(
+        message.starts_with("workload rl-rollout: this run needs an estimated ")
+            && message.contains("over the limit of 1.0 GiB (test)")
+            && message.contains("lower steps, prompts, samples or promptTokensMax"),
+        "{message}"
+    );
+    let long = Workload::from_name("multi-turn", json!({"turns": 1000})).unwrap();
+    assert!(long.memory_estimate() < 1 << 30);
+    let wide = Workload::from_name(
+        "shared-prefix",
+        json!({"groups": 100000, "systemPromptTokens": 1000000}),
+    )
+    .unwrap();
+    assert!(wide.memory_estimate() > 100 << 30);
+}
+
+#[test]
+fn a_mistyped_parameter_is_named_with_what_it_takes() {
+    let err = |name: &str, set: serde_json::Value| {
+        Workload::from_name(name, set).unwrap_err().to_string()
+    };
+    assert_eq!(
+        err("rl-rollout", json!({"prompts": "abc"})),
+        r#"workload rl-rollout: prompts must be an integer in 1..=100000 (got "abc")"#
+    );
+    assert_eq!(
+        err("multi-turn", json!({"turns": -1})),
+        "workload multi-turn: turns must be an integer in 1..=1000 (got -1)"
+    );
+    assert_eq!(
+        err("shared-prefix", json!({"requestsPerSecond": "fast"})),
+        r#"workload shared-prefix: requestsPerSecond must be a number in (0, 1e6] (got "fast")"#
+    );
+    assert_eq!(
+        err("rl-rollout", json!({"interleaved": 1})),
+        "workload rl-rollout: interleaved must be true or false (got 1)"
+    );
+    assert!(err("rl-rollout", json!({"nope": 1})).contains("unknown field `nope`"));
+    assert_eq!(format_bytes(3 << 29), "1.5 GiB");
+    assert_eq!(parse_bytes("4G"), Some(4 << 30));
+    assert_eq!(parse_bytes("512MiB"), Some(512 << 20));
+    assert_eq!(parse_bytes("1024"), Some(1024));
+    assert_eq!(parse_bytes("lots"), None);
+}
+
+#[test]
+fn rl_steps_that_outlast_their_interval_count_every_prompt_in_flight() {
+    let huge = Workload::from_name(
+        "rl-rollout",
+        json!({"promptTokensMin": 1000000, "promptTokensMax": 1000000}),
+    )
+    .unwrap();
+    // 2048 prompts of 4 MB, all in flight: a pipeline holds a copy of each.
+    assert!(huge.memory_estimate() > 8 << 30);
 }

@@ -119,7 +119,7 @@ pub fn parse_trace_bytes(bytes: &[u8]) -> Result<Vec<SimRequest>, TraceError> {
             arrival_ms: parsed.arrival_ms,
             model: parsed.model,
             cache_salt: parsed.cache_salt,
-            tokens,
+            tokens: tokens.into(),
             output_tokens: parsed.output_tokens,
             group: parsed.group,
             step: parsed.step,
