@@ -539,8 +539,8 @@ impl Harness {
     ) -> Result<Vec<usize>, PluginError> {
         let views = endpoint_views(endpoints);
         let mut picked = vec![0u32; endpoints.len()];
-        let count =
-            request.with_view(|request| self.instance.pick(request, &views, scores, &mut picked))?;
+        let count = request
+            .with_view(|request| self.instance.pick(request, &views, scores, &mut picked))?;
         if count > picked.len() {
             return Err(PluginError::failed(format!(
                 "the picker chose {count} of {} candidates",
@@ -588,9 +588,7 @@ impl Harness {
     /// The instance's state snapshot (the `state` extension), `None` when it keeps none.
     #[cfg(not(feature = "api-1-0"))]
     pub fn state(&self) -> Result<Option<serde_json::Value>, PluginError> {
-        let text = self
-            .instance
-            .extension(crate::sdk::extensions::STATE, "")?;
+        let text = self.instance.extension(crate::sdk::extensions::STATE, "")?;
         let value: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| PluginError::failed(format!("state is not JSON: {e}")))?;
         Ok((!value.is_null()).then_some(value))
@@ -687,7 +685,11 @@ mod tests {
     fn a_picker_output_the_host_would_refuse_is_an_error() {
         let harness = Harness::from_implementation(Instance::picker(Reckless));
         let error = harness
-            .pick(&TestRequest::new("m"), &TestEndpoint::several(2), &[0.5, 0.5])
+            .pick(
+                &TestRequest::new("m"),
+                &TestEndpoint::several(2),
+                &[0.5, 0.5],
+            )
             .unwrap_err();
         assert!(error.message.contains("position 7"), "{error}");
     }
