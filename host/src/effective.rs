@@ -25,15 +25,24 @@ pub fn render(config: &LoadedConfig, registry: &Registry, pipeline: &Pipeline) -
     );
     // Paths resolved against the config's directory, so the output works from anywhere.
     let base = config.base_dir();
+    let _ = writeln!(
+        out,
+        "allow_writable_libraries = {}",
+        config.config.allow_writable_libraries
+    );
     let libraries: Vec<String> = config
         .config
         .libraries
         .iter()
         .map(|entry| {
-            if is_library_path(entry) {
-                toml_string(&absolute(&base.join(entry)))
+            let path = if is_library_path(&entry.path) {
+                toml_string(&absolute(&base.join(&entry.path)))
             } else {
-                toml_string(entry)
+                toml_string(&entry.path)
+            };
+            match &entry.sha256 {
+                Some(sha256) => format!("{{ path = {path}, sha256 = {} }}", toml_string(sha256)),
+                None => path,
             }
         })
         .collect();

@@ -21,6 +21,8 @@ pub mod abi;
 pub mod keys;
 pub mod loading;
 pub mod sdk;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use abi::*;
 pub use sdk::{

@@ -430,7 +430,7 @@ fn standard_registry(
             .collect();
         let candidates = anchor.library_candidates(library, &options.plugin_dirs);
         registry
-            .load_library(library, &candidates, false)
+            .load_library(library, &candidates, false, &Default::default())
             .map_err(|e| {
                 format!("the import needs switchyard's plugin libraries to know their types: {e}")
             })?;

@@ -27,11 +27,15 @@ pub struct Config {
     /// Load plugin types of stability alpha.
     #[serde(default)]
     pub allow_experimental_plugins: bool,
+    /// Load libraries whose file or directory is writable by group or others.
+    #[serde(default)]
+    pub allow_writable_libraries: bool,
     /// Plugin libraries: a bare name (`burst_prefix_cache_producer`) is looked up as
     /// `lib<name>.so` in the plugin directories; anything with a `/` or a file extension is a
-    /// path relative to this file.
+    /// path relative to this file. An entry is a string, or a table that also pins the file's
+    /// SHA-256 (`{ path = "...", sha256 = "..." }`).
     #[serde(default)]
-    pub libraries: Vec<String>,
+    pub libraries: Vec<LibraryEntry>,
     /// Extra directories to search for libraries named by bare name, relative to this file.
     #[serde(default)]
     pub plugin_dirs: Vec<String>,
@@ -47,6 +51,76 @@ pub struct Config {
     /// The HTTP router (`serve`).
     #[serde(default)]
     pub serve: ServeConfig,
+}
+
+/// One `libraries` entry: a bare name or a path, optionally with the SHA-256 the file must have.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LibraryEntry {
+    pub path: String,
+    /// Lowercase hex, when pinned.
+    pub sha256: Option<String>,
+}
+
+impl From<&str> for LibraryEntry {
+    fn from(path: &str) -> Self {
+        LibraryEntry {
+            path: path.to_string(),
+            sha256: None,
+        }
+    }
+}
+
+/// The table form of a library entry.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PinnedLibrary {
+    path: String,
+    #[serde(default)]
+    sha256: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for LibraryEntry {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = LibraryEntry;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(
+                    "a library name or path, or a table { path = \"...\", sha256 = \"...\" }",
+                )
+            }
+            fn visit_str<E: serde::de::Error>(self, path: &str) -> Result<LibraryEntry, E> {
+                Ok(LibraryEntry::from(path))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> Result<LibraryEntry, A::Error> {
+                let pinned =
+                    PinnedLibrary::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(LibraryEntry {
+                    path: pinned.path,
+                    sha256: pinned.sha256,
+                })
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
+impl Serialize for LibraryEntry {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        match &self.sha256 {
+            None => serializer.serialize_str(&self.path),
+            Some(sha256) => {
+                let mut table = serializer.serialize_struct("LibraryEntry", 2)?;
+                table.serialize_field("path", &self.path)?;
+                table.serialize_field("sha256", sha256)?;
+                table.end()
+            }
+        }
+    }
 }
 
 /// Where the live drivers find endpoints and how they keep their load facts fresh.
@@ -269,6 +343,11 @@ impl LoadedConfig {
             path.push(Step::Key(key));
         }
         line_of(&self.source, &path)
+    }
+
+    /// The line of `libraries[index]`.
+    pub fn library_line(&self, index: usize) -> Option<usize> {
+        line_of(&self.source, &[Step::Key("libraries"), Step::Index(index)])
     }
 
     pub fn key_line(&self, key: &str) -> Option<usize> {

@@ -51,9 +51,40 @@ impl LoadedConfig {
     }
 
     pub(super) fn check_values(&self) -> Result<(), ConfigError> {
+        self.check_libraries()?;
         self.check_plugin_entries()?;
         self.check_endpoints()?;
         self.check_profiles()
+    }
+
+    fn check_libraries(&self) -> Result<(), ConfigError> {
+        for (index, entry) in self.config.libraries.iter().enumerate() {
+            let error = |field: &str, message: String| {
+                ConfigError::new(&self.path, message)
+                    .field(field)
+                    .at_line(self.library_line(index))
+            };
+            if entry.path.trim().is_empty() {
+                return Err(error(
+                    "path",
+                    "a library entry needs a non-empty name or path".into(),
+                ));
+            }
+            if let Some(sha256) = &entry.sha256 {
+                if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(error(
+                        "sha256",
+                        format!(
+                            "sha256 of library {} must be 64 hexadecimal digits (got {}); \
+                             compute it with `sha256sum FILE`",
+                            shown(&entry.path),
+                            shown(sha256)
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn check_plugin_entries(&self) -> Result<(), ConfigError> {

@@ -11,7 +11,7 @@ use switchyard_plugin_api::{
 };
 
 use crate::config::{parameters_json, ConfigError, LoadedConfig, ProfileConfig, WeightedScorer};
-use crate::plugins::{Registry, Source};
+use crate::plugins::{LibraryChecks, Registry, Source};
 
 /// Switches that come from the command line rather than the file.
 #[derive(Debug, Clone, Default)]
@@ -161,19 +161,17 @@ impl Pipeline {
 pub fn load_registry(config: &LoadedConfig, options: &Options) -> Result<Registry, ConfigError> {
     let mut registry = Registry::with_builtins();
     for (index, entry) in config.config.libraries.iter().enumerate() {
-        let candidates = config.library_candidates(entry, &options.plugin_dirs);
-        let explicit = crate::config::is_library_path(entry);
+        let candidates = config.library_candidates(&entry.path, &options.plugin_dirs);
+        let explicit = crate::config::is_library_path(&entry.path);
+        let checks = LibraryChecks {
+            allow_writable: config.config.allow_writable_libraries,
+            sha256: entry.sha256.clone(),
+        };
         registry
-            .load_library(entry, &candidates, explicit)
+            .load_library(&entry.path, &candidates, explicit, &checks)
             .map_err(|error| {
-                let line = crate::config::locate::line_of(
-                    &config.source,
-                    &[
-                        crate::config::locate::Step::Key("libraries"),
-                        crate::config::locate::Step::Index(index),
-                    ],
-                );
-                ConfigError::new(&config.path, error.to_string()).at_line(line)
+                ConfigError::new(&config.path, error.to_string())
+                    .at_line(config.library_line(index))
             })?;
     }
     Ok(registry)

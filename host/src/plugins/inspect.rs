@@ -77,7 +77,7 @@ pub fn render_list(registry: &Registry) -> String {
 /// type it exports.
 pub fn inspect_library(path: &Path) -> Result<String, RegistryError> {
     let mut registry = Registry::default();
-    registry.load_path(path)?;
+    registry.load_path(path, &super::LibraryChecks::inspect_only())?;
     let types: Vec<&PluginType> = registry.iter().collect();
     let mut out = String::new();
     let shown = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());

@@ -5,5 +5,6 @@ pub mod builtin;
 pub mod crash_note;
 pub mod inspect;
 pub mod registry;
+pub mod supply;
 
-pub use registry::{PluginType, Registry, RegistryError, Source};
+pub use registry::{LibraryChecks, PluginType, Registry, RegistryError, Source};

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use switchyard_plugin_api::loading::{load_library, LoadedLibrary};
+use switchyard_plugin_api::loading::{
+    load_library_checked, tidy_path, LoadError, LoadProblem, LoadedLibrary,
+};
 use switchyard_plugin_api::sdk::PluginFactory;
 use switchyard_plugin_api::{
     ApiVersion, HostCallbacks, LogLevel, ParamDoc, PluginError, PluginInstance, PluginKind,
@@ -132,6 +134,25 @@ impl fmt::Display for RegistryError {
 
 impl std::error::Error for RegistryError {}
 
+/// What a library file must satisfy before it is loaded.
+#[derive(Debug, Clone, Default)]
+pub struct LibraryChecks {
+    /// Load a file that group or others can write, or that sits in such a directory.
+    pub allow_writable: bool,
+    /// The SHA-256 the file must have (hex), when pinned.
+    pub sha256: Option<String>,
+}
+
+impl LibraryChecks {
+    /// Checks for a library named on the command line to be described, not run in a pipeline.
+    pub fn inspect_only() -> LibraryChecks {
+        LibraryChecks {
+            allow_writable: true,
+            sha256: None,
+        }
+    }
+}
+
 /// All plugin types known to this run, by type name.
 #[derive(Clone, Default)]
 pub struct Registry {
@@ -177,22 +198,37 @@ impl Registry {
         entry: &str,
         candidates: &[PathBuf],
         explicit_path: bool,
+        checks: &LibraryChecks,
     ) -> Result<(), RegistryError> {
         let Some(path) = candidates.iter().find(|p| p.exists()) else {
             if explicit_path && candidates.len() == 1 {
                 // An explicit path: let the loader say why it cannot be opened.
-                return self.load_path(&candidates[0]);
+                return self.load_path(&candidates[0], checks);
             }
             return Err(RegistryError::NotFound {
                 entry: entry.to_string(),
                 searched: candidates.to_vec(),
             });
         };
-        self.load_path(path)
+        self.load_path(path, checks)
     }
 
-    pub fn load_path(&mut self, path: &Path) -> Result<(), RegistryError> {
-        let library = load_library(path).map_err(|error| {
+    pub fn load_path(&mut self, path: &Path, checks: &LibraryChecks) -> Result<(), RegistryError> {
+        if !checks.allow_writable {
+            if let Some(reason) = super::supply::writable_problem(path) {
+                return Err(RegistryError::Refused(LoadError {
+                    path: tidy_path(path),
+                    problem: LoadProblem::Other(reason),
+                    detail: String::new(),
+                }));
+            }
+        }
+        let pin = checks.sha256.as_deref();
+        let library = load_library_checked(path, |bytes| match pin {
+            Some(expected) => super::supply::check_sha256(bytes, expected),
+            None => Ok(()),
+        })
+        .map_err(|error| {
             tracing::debug!(library = %path.display(), "full loader report:\n{}", error.detail);
             RegistryError::Refused(error)
         })?;

@@ -1,105 +1,57 @@
-use switchyard_plugin_api::ffi::{RSlice, RStr, RString};
-use switchyard_plugin_api::{
-    AttrValue, AttrView, ConsumedKey, DataKey, EndpointMetrics, EndpointView, ErrorKind,
-    InFlightLoad, PluginError, PluginInstance, PrefixCacheMatchInfo, RequestView,
-};
+use switchyard_plugin_api::testing::{Attributes, Harness, TestEndpoint, TestRequest};
+use switchyard_plugin_api::{AttrValue, ConsumedKey, DataKey, ErrorKind, PluginError};
 
 use super::*;
 
-fn instance(parameters: &str) -> PluginInstance {
-    match (FACTORY.create)("prefix-scorer", parameters) {
-        Ok(instance) => instance.into_ffi(),
-        Err(e) => panic!("refused {parameters}: {e:?}"),
-    }
+fn harness(parameters: &str) -> Harness {
+    Harness::new(&FACTORY, parameters).unwrap_or_else(|e| panic!("refused {parameters}: {e:?}"))
 }
 
 fn refused(parameters: &str) -> PluginError {
-    match (FACTORY.create)("prefix-scorer", parameters) {
+    match Harness::new(&FACTORY, parameters) {
         Ok(_) => panic!("accepted {parameters}"),
         Err(e) => e,
     }
 }
 
-const IDS: [&str; 4] = ["default/a", "default/b", "default/c", "default/d"];
-
-fn endpoints(n: usize) -> Vec<EndpointView<'static>> {
-    (0..n)
-        .map(|i| EndpointView {
-            slot: i as u32,
-            host_index: 10 + i as u32,
-            id: RStr::from_str(IDS[i]),
-            address: RStr::from_str("10.0.0.1:8000"),
-            role: RStr::from_str(""),
-            metrics: EndpointMetrics::default(),
-        })
-        .collect()
-}
-
-fn request(explain: bool) -> RequestView<'static> {
-    RequestView {
-        id: RStr::from_str("r1"),
-        model: RStr::from_str("m"),
-        cache_salt: RStr::from_str(""),
-        prompts: RSlice::from_slice(&[]),
-        max_output_tokens: -1,
-        now_ms: 0,
-        random_seed: 1,
-        explain,
-    }
-}
-
 fn pmi(match_blocks: u64, total_blocks: u64, block_size_tokens: u64) -> AttrValue {
-    AttrValue::PrefixCacheMatch(PrefixCacheMatchInfo {
-        match_blocks,
-        total_blocks,
-        block_size_tokens,
-    })
+    Attributes::prefix_match(match_blocks, total_blocks, block_size_tokens)
 }
 
-/// Scores `endpoints` whose match info sits in `row` of a two-row table.
-fn score_row(
-    scorer: &PluginInstance,
-    explain: bool,
-    values: &[AttrValue],
-    rows: &[u32],
-) -> (Vec<f64>, String) {
-    let endpoints = endpoints(values.len() / 2);
-    let attrs = AttrView {
-        values: RSlice::from_slice(values),
-        stride: endpoints.len() as u32,
-        rows: RSlice::from_slice(rows),
-    };
-    let mut scores = vec![0.0; endpoints.len()];
-    let mut note = RString::new();
-    scorer
-        .score(
-            &request(explain),
-            &endpoints,
-            &attrs,
-            &mut scores,
-            &mut note,
-        )
+fn default_key() -> DataKey {
+    DataKey::new("PrefixCacheMatchInfo", "approx-prefix-cache-producer")
+}
+
+/// Scores one candidate per value of `attrs`' default-producer row (four when it has none).
+fn score(scorer: &Harness, explain: bool, attrs: &Attributes) -> (Vec<f64>, String) {
+    let width = attrs.get(&default_key()).map_or(4, <[AttrValue]>::len);
+    let endpoints = TestEndpoint::several(width);
+    let scored = scorer
+        .score(&TestRequest::new("m").explain(explain), &endpoints, attrs)
         .expect("scores");
-    (scores, note.into_string())
+    (scored.scores, scored.note)
 }
 
-/// Row 0 holds another key's values; row 1 the match info: a PMI(5, 10, 1), b nothing,
-/// c PMI(2, 10, 1), d a value of another kind.
-fn mixed_table() -> Vec<AttrValue> {
-    let load = AttrValue::InFlightLoad(InFlightLoad {
-        requests: 1,
-        tokens: 100,
-    });
-    vec![
-        pmi(10, 10, 1),
-        pmi(10, 10, 1),
-        pmi(10, 10, 1),
-        pmi(10, 10, 1),
-        pmi(5, 10, 1),
-        AttrValue::Absent,
-        pmi(2, 10, 1),
-        load,
-    ]
+/// Match info from another producer, which the scorer must not read.
+fn other_producer() -> Attributes {
+    Attributes::new().set(
+        DataKey::new("PrefixCacheMatchInfo", "burst-prefix-cache-producer"),
+        vec![pmi(10, 10, 1); 4],
+    )
+}
+
+/// The default producer's match info: a PMI(5, 10, 1), b nothing, c PMI(2, 10, 1), d a value
+/// of another kind; besides another producer's full matches.
+fn mixed_table() -> Attributes {
+    other_producer().set(
+        default_key(),
+        vec![
+            pmi(5, 10, 1),
+            AttrValue::Absent,
+            pmi(2, 10, 1),
+            Attributes::in_flight(1, 100),
+        ],
+    )
 }
 
 #[test]
@@ -134,7 +86,8 @@ fn documented_defaults_decode_to_the_defaults() {
 
 #[test]
 fn declares_the_default_producer_key() {
-    let declared = instance("null").declarations();
+    let scorer = harness("null");
+    let declared = scorer.declarations();
     assert!(declared.produces.is_empty());
     assert_eq!(
         declared.consumes.as_slice(),
@@ -148,8 +101,8 @@ fn declares_the_default_producer_key() {
 
 #[test]
 fn declares_the_named_producer_key_only() {
-    let declared = instance(r#"{"prefixMatchInfoProducerName": "burst-prefix-cache-producer"}"#)
-        .declarations();
+    let scorer = harness(r#"{"prefixMatchInfoProducerName": "burst-prefix-cache-producer"}"#);
+    let declared = scorer.declarations();
     assert_eq!(
         declared.consumes.as_slice(),
         [ConsumedKey {
@@ -161,8 +114,8 @@ fn declares_the_named_producer_key_only() {
 
 #[test]
 fn scores_through_the_boundary() {
-    let scorer = instance("{}");
-    let (scores, note) = score_row(&scorer, false, &mixed_table(), &[1]);
+    let scorer = harness("{}");
+    let (scores, note) = score(&scorer, false, &mixed_table());
     // S1: the matched fraction; absent and wrong-kind values score 0.
     assert_eq!(scores, [0.5, 0.0, 0.2, 0.0]);
     assert_eq!(note, "");
@@ -170,8 +123,8 @@ fn scores_through_the_boundary() {
 
 #[test]
 fn explained_request_notes_the_endpoints_scored_zero() {
-    let scorer = instance("{}");
-    let (_, note) = score_row(&scorer, true, &mixed_table(), &[1]);
+    let scorer = harness("{}");
+    let (_, note) = score(&scorer, true, &mixed_table());
     assert_eq!(
         note,
         "scored 0: 2 of 4 endpoints without match info, 0 with an empty prompt"
@@ -180,25 +133,20 @@ fn explained_request_notes_the_endpoints_scored_zero() {
 
 #[test]
 fn explained_request_with_full_info_leaves_no_note() {
-    let scorer = instance("{}");
-    let mut table = mixed_table();
-    table[5] = pmi(0, 10, 1);
-    table[7] = pmi(10, 10, 1);
-    let (scores, note) = score_row(&scorer, true, &table, &[1]);
+    let scorer = harness("{}");
+    let table = mixed_table()
+        .set_on(default_key(), 1, pmi(0, 10, 1))
+        .set_on(default_key(), 3, pmi(10, 10, 1));
+    let (scores, note) = score(&scorer, true, &table);
     assert_eq!(scores, [0.5, 0.0, 0.2, 1.0]);
     assert_eq!(note, "");
 }
 
 #[test]
 fn length_weight_applies_through_the_boundary() {
-    let scorer = instance(r#"{"matchLengthWeight": 0.5, "matchLengthScaleTokens": 100}"#);
-    let table = [
-        AttrValue::Absent,
-        AttrValue::Absent,
-        pmi(5, 10, 1),
-        pmi(50, 100, 1),
-    ];
-    let (scores, _) = score_row(&scorer, false, &table, &[1]);
+    let scorer = harness(r#"{"matchLengthWeight": 0.5, "matchLengthScaleTokens": 100}"#);
+    let table = Attributes::new().set(default_key(), vec![pmi(5, 10, 1), pmi(50, 100, 1)]);
+    let (scores, _) = score(&scorer, false, &table);
     // S4: 0.5 × (5/100)² + 0.5 × 0.5 and 0.5 × (50/100)² + 0.5 × 0.5.
     assert!((scores[0] - 0.25125).abs() < 1e-12, "{scores:?}");
     assert!((scores[1] - 0.375).abs() < 1e-12, "{scores:?}");
@@ -206,8 +154,8 @@ fn length_weight_applies_through_the_boundary() {
 
 #[test]
 fn unproduced_key_scores_every_endpoint_zero() {
-    let scorer = instance("null");
-    let (scores, _) = score_row(&scorer, false, &mixed_table(), &[u32::MAX]);
+    let scorer = harness("null");
+    let (scores, _) = score(&scorer, false, &other_producer());
     assert_eq!(scores, [0.0; 4]);
 }
 
