@@ -144,16 +144,26 @@ impl PrefixIndex {
         let Some(Some(endpoint)) = endpoints.get_mut(slot) else {
             return;
         };
+        let mut touch = |hash: u64| {
+            if let Touch::Inserted { evicted } = endpoint.blocks.touch(hash) {
+                if let Some(evicted) = evicted {
+                    release(holders, evicted, slot);
+                }
+                holders.entry(hash).or_default().push(slot);
+            }
+        };
+        if let [only] = prompts.ends.as_slice() {
+            // One prompt (the usual case): deepest first is simply back to front.
+            prompts.hashes[..*only]
+                .iter()
+                .rev()
+                .for_each(|&hash| touch(hash));
+            return;
+        }
         for depth in (0..prompts.longest_prompt()).rev() {
             for prompt in (0..prompts.len()).rev() {
-                let Some(&hash) = prompts.prompt(prompt).get(depth) else {
-                    continue;
-                };
-                if let Touch::Inserted { evicted } = endpoint.blocks.touch(hash) {
-                    if let Some(evicted) = evicted {
-                        release(holders, evicted, slot);
-                    }
-                    holders.entry(hash).or_default().push(slot);
+                if let Some(&hash) = prompts.prompt(prompt).get(depth) {
+                    touch(hash);
                 }
             }
         }
