@@ -144,6 +144,13 @@ impl PrefixIndex {
         let Some(Some(endpoint)) = endpoints.get_mut(slot) else {
             return;
         };
+        // One prompt already held in order (a repeat with nothing in between): it only moves
+        // to the front.
+        if let [only] = prompts.ends.as_slice() {
+            if endpoint.blocks.refresh_run(&prompts.hashes[..*only]) {
+                return;
+            }
+        }
         let mut touch = |hash: u64| {
             if let Touch::Inserted { evicted } = endpoint.blocks.touch(hash) {
                 if let Some(evicted) = evicted {
