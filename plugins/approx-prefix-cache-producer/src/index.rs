@@ -186,7 +186,7 @@ impl PrefixIndex {
     pub fn match_into(&self, prompts: &PromptHashes, out: &mut [u64]) {
         out.fill(0);
         for prompt in prompts.iter() {
-            let Some((first, rest)) = prompt.split_first() else {
+            let Some(first) = prompt.first() else {
                 continue;
             };
             let Some(slots) = self.holders.get(first) else {
@@ -198,11 +198,7 @@ impl PrefixIndex {
                 else {
                     continue;
                 };
-                let held = 1 + rest
-                    .iter()
-                    .take_while(|&&hash| endpoint.blocks.contains(hash))
-                    .count();
-                *total += held as u64;
+                *total += endpoint.blocks.held_prefix(prompt) as u64;
             }
         }
     }

@@ -121,6 +121,34 @@ impl Lru {
         Touch::Inserted { evicted }
     }
 
+    /// How many leading hashes of `prefix` the set holds (stopping at the first it lacks).
+    ///
+    /// Follows the recency list from the first hash while it continues with the next ones of
+    /// `prefix` (a prompt recorded in order, one map lookup for the whole stretch), then looks
+    /// the remaining hashes up one by one.
+    pub(super) fn held_prefix(&self, prefix: &[u64]) -> usize {
+        let Some(first) = prefix.first() else {
+            return 0;
+        };
+        let Some(&start) = self.index.get(first) else {
+            return 0;
+        };
+        let mut held = 1;
+        let mut at = start;
+        while let Some(&hash) = prefix.get(held) {
+            let next = self.nodes[at as usize].next;
+            if next == NIL || self.nodes[next as usize].hash != hash {
+                break;
+            }
+            at = next;
+            held += 1;
+        }
+        held + prefix[held..]
+            .iter()
+            .take_while(|&&hash| self.contains(hash))
+            .count()
+    }
+
     /// When `run` (most recent first) is already a contiguous stretch of the list in that
     /// order, moves the stretch to the front and returns true: the same as touching its hashes
     /// from last to first, each being present. Otherwise changes nothing and returns false.
@@ -354,6 +382,29 @@ mod tests {
             }
             assert_eq!(contents(&by_run), contents(&by_touch), "{run:?}");
             by_run.assert_consistent();
+        }
+    }
+
+    #[test]
+    fn held_prefix_counts_leading_hashes_held_in_any_order() {
+        let mut lru = Lru::new(8);
+        for hash in [6, 5, 4, 3, 2, 1] {
+            lru.touch(hash);
+        }
+        let cases: [(&[u64], usize); 8] = [
+            (&[], 0),
+            (&[9, 1], 0),
+            (&[1, 2, 3], 3),
+            (&[2, 3, 9, 4], 2),
+            (&[3, 1, 2, 9], 3),
+            (&[4, 5, 6, 1, 2], 5),
+            (&[6], 1),
+            (&[5, 6, 7], 2),
+        ];
+        for (prefix, held) in cases {
+            let expected = prefix.iter().take_while(|h| lru.contains(**h)).count();
+            assert_eq!(expected, held, "{prefix:?}");
+            assert_eq!(lru.held_prefix(prefix), held, "{prefix:?}");
         }
     }
 
