@@ -144,16 +144,33 @@ impl PrefixIndex {
         let Some(Some(endpoint)) = endpoints.get_mut(slot) else {
             return;
         };
+        // One prompt already held in order (a repeat with nothing in between): it only moves
+        // to the front.
+        if let [only] = prompts.ends.as_slice() {
+            if endpoint.blocks.refresh_run(&prompts.hashes[..*only]) {
+                return;
+            }
+        }
+        let mut touch = |hash: u64| {
+            if let Touch::Inserted { evicted } = endpoint.blocks.touch(hash) {
+                if let Some(evicted) = evicted {
+                    release(holders, evicted, slot);
+                }
+                holders.entry(hash).or_default().push(slot);
+            }
+        };
+        if let [only] = prompts.ends.as_slice() {
+            // One prompt (the usual case): deepest first is simply back to front.
+            prompts.hashes[..*only]
+                .iter()
+                .rev()
+                .for_each(|&hash| touch(hash));
+            return;
+        }
         for depth in (0..prompts.longest_prompt()).rev() {
             for prompt in (0..prompts.len()).rev() {
-                let Some(&hash) = prompts.prompt(prompt).get(depth) else {
-                    continue;
-                };
-                if let Touch::Inserted { evicted } = endpoint.blocks.touch(hash) {
-                    if let Some(evicted) = evicted {
-                        release(holders, evicted, slot);
-                    }
-                    holders.entry(hash).or_default().push(slot);
+                if let Some(&hash) = prompts.prompt(prompt).get(depth) {
+                    touch(hash);
                 }
             }
         }
@@ -169,7 +186,7 @@ impl PrefixIndex {
     pub fn match_into(&self, prompts: &PromptHashes, out: &mut [u64]) {
         out.fill(0);
         for prompt in prompts.iter() {
-            let Some((first, rest)) = prompt.split_first() else {
+            let Some(first) = prompt.first() else {
                 continue;
             };
             let Some(slots) = self.holders.get(first) else {
@@ -181,11 +198,7 @@ impl PrefixIndex {
                 else {
                     continue;
                 };
-                let held = 1 + rest
-                    .iter()
-                    .take_while(|&&hash| endpoint.blocks.contains(hash))
-                    .count();
-                *total += held as u64;
+                *total += endpoint.blocks.held_prefix(prompt) as u64;
             }
         }
     }

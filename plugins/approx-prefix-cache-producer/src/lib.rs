@@ -17,7 +17,7 @@ use switchyard_plugin_api::{
     AttrValue, EndpointView, PluginError, PluginKind, PrefixCacheMatchInfo, ProduceItem,
     RequestView, Stability,
 };
-use switchyard_prefix_hashing::{block_count, hash_prompt_into, prompt_seed};
+use switchyard_prefix_hashing::{hash_prompt_into, prompt_seed};
 
 use config::ApproxPrefixCacheConfig;
 use index::{PrefixIndex, PromptHashes};
@@ -115,47 +115,47 @@ struct ApproxProducer {
     last: Mutex<LastHashed>,
 }
 
-/// The input and output of one hashing: the hashes are a function of the model and cache
-/// salt (the chain's seed), the block size and the tokens each prompt has hashed.
+/// The request and parameters of the most recent `produce` hashing, and its hashes, so that
+/// `dispatched` of the same request can use them instead of hashing the prompt again.
+///
+/// The request is recognised by identity, not by content: its id, the host's per-request
+/// random seed, model, cache salt, and the address and length of each prompt's token buffer.
+/// The host keeps a request's token buffers alive and unchanged from `produce` until it
+/// completes, so while the request is live no other request can have the same buffers. An
+/// entry could outlive its request only when that request was never dispatched; to keep such
+/// an entry from being mistaken for a later request that reuses the freed buffers, every
+/// hashing in `produce` replaces the entry (invalidating it before it starts), and `dispatched`
+/// consumes it.
 #[derive(Default)]
 struct LastHashed {
     valid: bool,
+    id: String,
+    random_seed: u64,
     model: String,
     cache_salt: String,
     block_size: u32,
-    /// The hashed tokens of every prompt, one prompt after the other.
-    tokens: Vec<u32>,
-    /// How many of `tokens` each prompt has.
-    lens: Vec<usize>,
+    max_blocks: usize,
+    /// Address and length of each prompt's token buffer.
+    prompts: Vec<(usize, usize)>,
     hashes: PromptHashes,
 }
 
-/// The tokens [`hash_prompt_into`] reads from a prompt: its first `block_count` blocks.
-fn hashed_tokens(tokens: &[u32], block_size: usize, max_blocks: usize) -> &[u32] {
-    let count = block_count(tokens.len(), block_size, max_blocks);
-    &tokens[..tokens.len().min(count.saturating_mul(block_size))]
-}
-
 impl LastHashed {
-    /// Whether hashing `request` with these parameters gives `self.hashes`.
+    /// Whether `request` is the request these hashes were computed for, with these parameters.
     fn matches(&self, request: &RequestView<'_>, block_size: u32, max_blocks: usize) -> bool {
-        if !self.valid
-            || self.block_size != block_size
-            || self.lens.len() != request.prompts.len()
-            || self.model != request.model.as_str()
-            || self.cache_salt != request.cache_salt.as_str()
-        {
-            return false;
-        }
-        let mut at = 0;
-        for (prompt, &len) in request.prompts.iter().zip(&self.lens) {
-            let hashed = hashed_tokens(&prompt.tokens, block_size as usize, max_blocks);
-            if hashed.len() != len || hashed != &self.tokens[at..at + len] {
-                return false;
-            }
-            at += len;
-        }
-        true
+        self.valid
+            && self.block_size == block_size
+            && self.max_blocks == max_blocks
+            && self.random_seed == request.random_seed
+            && self.prompts.len() == request.prompts.len()
+            && self.id == request.id.as_str()
+            && self.model == request.model.as_str()
+            && self.cache_salt == request.cache_salt.as_str()
+            && self
+                .prompts
+                .iter()
+                .zip(request.prompts.iter())
+                .all(|(&buffer, prompt)| buffer == identity(&prompt.tokens))
     }
 
     fn store(
@@ -166,25 +166,35 @@ impl LastHashed {
         hashes: &PromptHashes,
     ) {
         self.valid = true;
+        self.id.clear();
+        self.id.push_str(&request.id);
+        self.random_seed = request.random_seed;
         self.model.clear();
         self.model.push_str(&request.model);
         self.cache_salt.clear();
         self.cache_salt.push_str(&request.cache_salt);
         self.block_size = block_size;
-        self.tokens.clear();
-        self.lens.clear();
-        for prompt in request.prompts.iter() {
-            let hashed = hashed_tokens(&prompt.tokens, block_size as usize, max_blocks);
-            self.tokens.extend_from_slice(hashed);
-            self.lens.push(hashed.len());
-        }
+        self.max_blocks = max_blocks;
+        self.prompts.clear();
+        self.prompts.extend(
+            request
+                .prompts
+                .iter()
+                .map(|prompt| identity(&prompt.tokens)),
+        );
         self.hashes.copy_from(hashes);
     }
 }
 
+/// Address and length of a token buffer.
+fn identity(tokens: &[u32]) -> (usize, usize) {
+    (tokens.as_ptr() as usize, tokens.len())
+}
+
 impl ApproxProducer {
     /// Hashes the prompts of `request` into `out` for an endpoint reporting
-    /// `server_block_size` (0 = unknown) and returns the effective block size.
+    /// `server_block_size` (0 = unknown), remembers the result for `dispatched`, and returns
+    /// the effective block size.
     fn hash_request(
         &self,
         request: &RequestView<'_>,
@@ -193,27 +203,33 @@ impl ApproxProducer {
     ) -> u32 {
         let block_size = self.config.effective_block_size(Some(server_block_size));
         let max_blocks = self.config.max_blocks(block_size);
+        // Invalid while hashing, so a panic below leaves no entry for another request.
+        lock(&self.last).valid = false;
+        hash_into(request, block_size, max_blocks, out);
+        lock(&self.last).store(request, block_size, max_blocks, out);
+        block_size
+    }
+
+    /// The hashes of `request` for an endpoint reporting `server_block_size` into `out`: those
+    /// `produce` computed for it when the parameters are the same (consuming them), else hashed
+    /// afresh. Returns the effective block size.
+    fn hashes_for_dispatch(
+        &self,
+        request: &RequestView<'_>,
+        server_block_size: u32,
+        out: &mut PromptHashes,
+    ) -> u32 {
+        let block_size = self.config.effective_block_size(Some(server_block_size));
+        let max_blocks = self.config.max_blocks(block_size);
         {
-            let last = lock(&self.last);
+            let mut last = lock(&self.last);
             if last.matches(request, block_size, max_blocks) {
-                out.copy_from(&last.hashes);
+                last.valid = false;
+                std::mem::swap(out, &mut last.hashes);
                 return block_size;
             }
         }
-        let seed = prompt_seed(&request.model, &request.cache_salt);
-        out.clear();
-        for prompt in request.prompts.iter() {
-            out.push_prompt_with(|hashes| {
-                hash_prompt_into(
-                    seed,
-                    &prompt.tokens,
-                    block_size as usize,
-                    max_blocks,
-                    hashes,
-                );
-            });
-        }
-        lock(&self.last).store(request, block_size, max_blocks, out);
+        hash_into(request, block_size, max_blocks, out);
         block_size
     }
 
@@ -284,12 +300,13 @@ impl Producer for ApproxProducer {
         Ok(())
     }
 
-    /// Remembers the request's blocks on `endpoint`. The request is hashed again rather than
-    /// kept from `produce`, so the producer holds no per-request state.
+    /// Remembers the request's blocks on `endpoint`, with the hashes `produce` computed for it
+    /// when it was the last request hashed (see [`LastHashed`]), else hashing it again.
     fn dispatched(&self, request: &RequestView<'_>, endpoint: &EndpointView<'_>) {
         let mut scratch = self.take_scratch();
         let metrics = endpoint.metrics;
-        let block_size = self.hash_request(request, metrics.cache_block_size, &mut scratch.hashes);
+        let block_size =
+            self.hashes_for_dispatch(request, metrics.cache_block_size, &mut scratch.hashes);
         if !scratch.hashes.is_empty() {
             let capacity = self.config.lru_capacity(
                 Some(metrics.cache_num_blocks),
@@ -318,6 +335,28 @@ impl Producer for ApproxProducer {
             "endpoints": endpoints,
             "distinctBlocks": index.distinct_blocks(),
         }))
+    }
+}
+
+/// Hashes the prompts of `request` into `out` (cleared first).
+fn hash_into(
+    request: &RequestView<'_>,
+    block_size: u32,
+    max_blocks: usize,
+    out: &mut PromptHashes,
+) {
+    let seed = prompt_seed(&request.model, &request.cache_salt);
+    out.clear();
+    for prompt in request.prompts.iter() {
+        out.push_prompt_with(|hashes| {
+            hash_prompt_into(
+                seed,
+                &prompt.tokens,
+                block_size as usize,
+                max_blocks,
+                hashes,
+            );
+        });
     }
 }
 

@@ -308,7 +308,7 @@ fn hash_afresh(
 }
 
 #[test]
-fn a_remembered_hashing_is_reused_only_when_hashing_again_gives_the_same() {
+fn a_remembered_hashing_is_reused_only_for_the_same_request_and_parameters() {
     let mut state = 0x9e37_79b9_7f4a_7c15u64;
     let mut next = |bound: u64| {
         state ^= state << 13;
@@ -332,37 +332,62 @@ fn a_remembered_hashing_is_reused_only_when_hashing_again_gives_the_same() {
         };
         let mut out = PromptHashes::new();
         for _ in 0..2000 {
-            // Few shapes, so the same request comes back often, and near misses too: another
+            // Few shapes, so similar requests come back often, and near misses too: another
             // model or salt, another length, a token changed early or past the hashed part.
-            let prompts: Vec<Vec<u32>> = (0..1 + next(2))
+            // Two requests are live at once: the one produced and possibly another dispatched.
+            let prompts: Vec<Vec<Vec<u32>>> = (0..2)
                 .map(|_| {
-                    let len = [0, 30, 64, 65, 128, 200][next(6) as usize];
-                    let changed = next(220) as u32;
-                    (0..len)
-                        .map(|t| if t == changed { 99 } else { t })
+                    (0..1 + next(2))
+                        .map(|_| {
+                            let len = [0, 30, 64, 65, 128, 200][next(6) as usize];
+                            let changed = next(220) as u32;
+                            (0..len)
+                                .map(|t| if t == changed { 99 } else { t })
+                                .collect()
+                        })
                         .collect()
                 })
                 .collect();
-            let views: Vec<PromptTokens<'_>> = prompts
+            let views: Vec<Vec<PromptTokens<'_>>> = prompts
                 .iter()
-                .map(|p| PromptTokens {
-                    tokens: RSlice::from_slice(p),
+                .map(|request| {
+                    request
+                        .iter()
+                        .map(|p| PromptTokens {
+                            tokens: RSlice::from_slice(p),
+                        })
+                        .collect()
                 })
                 .collect();
-            let request = RequestView {
-                id: RStr::from_str("r"),
-                model: RStr::from_str(["", "m", "ab"][next(3) as usize]),
-                cache_salt: RStr::from_str(["", "s", "c"][next(3) as usize]),
-                prompts: RSlice::from_slice(&views),
-                max_output_tokens: -1,
-                now_ms: 0,
-                random_seed: 0,
-                explain: false,
-            };
+            let requests: Vec<RequestView<'_>> = views
+                .iter()
+                .map(|views| RequestView {
+                    id: RStr::from_str(["r", "q"][next(2) as usize]),
+                    model: RStr::from_str(["", "m", "ab"][next(3) as usize]),
+                    cache_salt: RStr::from_str(["", "s", "c"][next(3) as usize]),
+                    prompts: RSlice::from_slice(views),
+                    max_output_tokens: -1,
+                    now_ms: 0,
+                    random_seed: next(2),
+                    explain: false,
+                })
+                .collect();
             let server = [0, 64, 128][next(3) as usize];
-            let block_size = producer.hash_request(&request, server, &mut out);
+            let block_size = producer.hash_request(&requests[0], server, &mut out);
             assert_eq!(block_size, config.effective_block_size(Some(server)));
-            assert_eq!(out, hash_afresh(&config, &request, server), "{parameters}");
+            assert_eq!(
+                out,
+                hash_afresh(&config, &requests[0], server),
+                "{parameters}"
+            );
+            // Dispatched: usually the request just produced, sometimes twice or another one.
+            for _ in 0..1 + next(2) {
+                let request = &requests[usize::from(next(4) == 0)];
+                let server = [0, 64, 128, server, server][next(5) as usize];
+                let block_size = producer.hashes_for_dispatch(request, server, &mut out);
+                assert_eq!(block_size, config.effective_block_size(Some(server)));
+                assert_eq!(out, hash_afresh(&config, request, server), "{parameters}");
+            }
         }
     }
 }

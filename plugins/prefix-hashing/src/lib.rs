@@ -123,12 +123,39 @@ fn fill_le<'b>(buf: &'b mut [u8; BUF_TOKENS * 4], tokens: &[u32]) -> &'b [u8] {
     &buf[..tokens.len() * 4]
 }
 
-/// Hash of a block given its content hash and the previous block's hash (or the seed).
+/// Hash of a block given its content hash and the previous block's hash (or the seed): XXH64,
+/// seed 0, of the 16 bytes `content` then `prev`, both little-endian.
+///
+/// Written out for this one input length (XXH64's short-input path: two 8-byte lanes, then the
+/// avalanche), which skips the general function's length dispatch; `chain_reference` in the
+/// tests checks it against the general function.
+#[inline]
 fn chain(content: u64, prev: u64) -> u64 {
-    let mut pair = [0u8; 16];
-    pair[..8].copy_from_slice(&content.to_le_bytes());
-    pair[8..].copy_from_slice(&prev.to_le_bytes());
-    xxh64(&pair, 0)
+    const PRIME_1: u64 = 0x9E37_79B1_85EB_CA87;
+    const PRIME_2: u64 = 0xC2B2_AE3D_27D4_EB4F;
+    const PRIME_3: u64 = 0x1656_67B1_9E37_79F9;
+    const PRIME_4: u64 = 0x85EB_CA77_C2B2_AE63;
+    const PRIME_5: u64 = 0x27D4_EB2F_1656_67C5;
+    #[inline(always)]
+    fn lane(hash: u64, value: u64) -> u64 {
+        let k = value
+            .wrapping_mul(PRIME_2)
+            .rotate_left(31)
+            .wrapping_mul(PRIME_1);
+        (hash ^ k)
+            .rotate_left(27)
+            .wrapping_mul(PRIME_1)
+            .wrapping_add(PRIME_4)
+    }
+    // Seed 0, 16 bytes.
+    let mut hash = PRIME_5.wrapping_add(16);
+    hash = lane(hash, content);
+    hash = lane(hash, prev);
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(PRIME_2);
+    hash ^= hash >> 29;
+    hash = hash.wrapping_mul(PRIME_3);
+    hash ^ (hash >> 32)
 }
 
 #[cfg(test)]

@@ -205,3 +205,29 @@ fn block_count_is_what_hashing_appends() {
         }
     }
 }
+
+/// [`chain`] through the general XXH64 function.
+fn chain_reference(content: u64, prev: u64) -> u64 {
+    let mut pair = [0u8; 16];
+    pair[..8].copy_from_slice(&content.to_le_bytes());
+    pair[8..].copy_from_slice(&prev.to_le_bytes());
+    xxh64(&pair, 0)
+}
+
+#[test]
+fn chain_is_xxh64_of_the_two_hashes() {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for (content, prev) in [(0, 0), (u64::MAX, 0), (0, u64::MAX), (1, 2)] {
+        assert_eq!(chain(content, prev), chain_reference(content, prev));
+    }
+    for _ in 0..10_000 {
+        let (content, prev) = (next(), next());
+        assert_eq!(chain(content, prev), chain_reference(content, prev));
+    }
+}

@@ -121,6 +121,71 @@ impl Lru {
         Touch::Inserted { evicted }
     }
 
+    /// How many leading hashes of `prefix` the set holds (stopping at the first it lacks).
+    ///
+    /// Follows the recency list from the first hash while it continues with the next ones of
+    /// `prefix` (a prompt recorded in order, one map lookup for the whole stretch), then looks
+    /// the remaining hashes up one by one.
+    pub(super) fn held_prefix(&self, prefix: &[u64]) -> usize {
+        let Some(first) = prefix.first() else {
+            return 0;
+        };
+        let Some(&start) = self.index.get(first) else {
+            return 0;
+        };
+        let mut held = 1;
+        let mut at = start;
+        while let Some(&hash) = prefix.get(held) {
+            let next = self.nodes[at as usize].next;
+            if next == NIL || self.nodes[next as usize].hash != hash {
+                break;
+            }
+            at = next;
+            held += 1;
+        }
+        held + prefix[held..]
+            .iter()
+            .take_while(|&&hash| self.contains(hash))
+            .count()
+    }
+
+    /// When `run` (most recent first) is already a contiguous stretch of the list in that
+    /// order, moves the stretch to the front and returns true: the same as touching its hashes
+    /// from last to first, each being present. Otherwise changes nothing and returns false.
+    pub(super) fn refresh_run(&mut self, run: &[u64]) -> bool {
+        let Some((first, rest)) = run.split_first() else {
+            return true;
+        };
+        let Some(&start) = self.index.get(first) else {
+            return false;
+        };
+        let mut end = start;
+        for &hash in rest {
+            let next = self.nodes[end as usize].next;
+            if next == NIL || self.nodes[next as usize].hash != hash {
+                return false;
+            }
+            end = next;
+        }
+        if start == self.head {
+            return true;
+        }
+        // `start` is not the head, so it has a predecessor.
+        let before = self.nodes[start as usize].prev;
+        let after = self.nodes[end as usize].next;
+        self.nodes[before as usize].next = after;
+        match after {
+            NIL => self.tail = before,
+            _ => self.nodes[after as usize].prev = before,
+        }
+        let old_head = self.head;
+        self.nodes[start as usize].prev = NIL;
+        self.nodes[end as usize].next = old_head;
+        self.nodes[old_head as usize].prev = end;
+        self.head = start;
+        true
+    }
+
     /// Changes the capacity (clamped as in [`Lru::new`]); entries beyond a smaller capacity stay
     /// until drained with [`Lru::pop_excess`].
     pub(super) fn set_capacity(&mut self, capacity: usize) {
@@ -291,6 +356,56 @@ mod tests {
             "freed nodes are reused before the slab grows"
         );
         lru.assert_consistent();
+    }
+
+    #[test]
+    fn refreshing_a_run_is_touching_it_back_to_front() {
+        let runs: [&[u64]; 7] = [&[3, 4, 5], &[1, 2], &[5, 6], &[6], &[2, 1], &[9], &[]];
+        for run in runs {
+            let mut by_run = Lru::new(8);
+            let mut by_touch = Lru::new(8);
+            for hash in [6, 5, 4, 3, 2, 1] {
+                by_run.touch(hash);
+                by_touch.touch(hash);
+            }
+            let expected = run.iter().all(|hash| by_touch.contains(*hash))
+                && (run.is_empty() || {
+                    let list = contents(&by_touch);
+                    let at = list.iter().position(|h| *h == run[0]).expect("present");
+                    list[at..].starts_with(run)
+                });
+            assert_eq!(by_run.refresh_run(run), expected, "{run:?}");
+            if expected {
+                for &hash in run.iter().rev() {
+                    by_touch.touch(hash);
+                }
+            }
+            assert_eq!(contents(&by_run), contents(&by_touch), "{run:?}");
+            by_run.assert_consistent();
+        }
+    }
+
+    #[test]
+    fn held_prefix_counts_leading_hashes_held_in_any_order() {
+        let mut lru = Lru::new(8);
+        for hash in [6, 5, 4, 3, 2, 1] {
+            lru.touch(hash);
+        }
+        let cases: [(&[u64], usize); 8] = [
+            (&[], 0),
+            (&[9, 1], 0),
+            (&[1, 2, 3], 3),
+            (&[2, 3, 9, 4], 2),
+            (&[3, 1, 2, 9], 3),
+            (&[4, 5, 6, 1, 2], 5),
+            (&[6], 1),
+            (&[5, 6, 7], 2),
+        ];
+        for (prefix, held) in cases {
+            let expected = prefix.iter().take_while(|h| lru.contains(**h)).count();
+            assert_eq!(expected, held, "{prefix:?}");
+            assert_eq!(lru.held_prefix(prefix), held, "{prefix:?}");
+        }
     }
 
     #[test]
