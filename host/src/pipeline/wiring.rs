@@ -272,7 +272,7 @@ fn undeclared_parameter(
     };
     Some((
         unknown.clone(),
-        format!("unknown parameter `{unknown}`; {valid}"),
+        format!("unknown parameter `{}`; {valid}", unknown.escape_debug()),
     ))
 }
 
@@ -541,9 +541,10 @@ fn resolve_profile(
         let Some(&index) = by_name.get(name) else {
             let configured: Vec<&str> = plugins.iter().map(|p| p.name.as_str()).collect();
             return Err(error(format!(
-                "profile '{}' names '{name}' as a {role}, but no plugin has that name \
+                "profile '{}' names '{}' as a {role}, but no plugin has that name \
                  (configured: {})",
-                profile.name,
+                profile.name.escape_debug(),
+                name.escape_debug(),
                 configured.join(", ")
             )));
         };
@@ -556,7 +557,7 @@ fn resolve_profile(
             };
             return Err(error(format!(
                 "profile '{}' uses '{}' as a {role}, but it is a {}{hint}",
-                profile.name,
+                profile.name.escape_debug(),
                 plugin.label(),
                 plugin.kind
             )));

@@ -109,9 +109,13 @@ impl fmt::Display for RegistryError {
         match self {
             RegistryError::Refused(error) => write!(f, "{error}"),
             RegistryError::NotFound { entry, searched } => {
-                write!(f, "plugin library '{entry}' not found; looked for")?;
+                write!(
+                    f,
+                    "plugin library '{}' not found; looked for",
+                    entry.escape_debug()
+                )?;
                 for path in searched {
-                    write!(f, "\n  {}", path.display())?;
+                    write!(f, "\n  {}", path.display().to_string().escape_debug())?;
                 }
                 write!(
                     f,
