@@ -533,7 +533,62 @@ fn toml_message(message: &str, written: &str) -> String {
             .map_or(String::new(), |(_, e)| format!(" (expected {e})"));
         return format!("a datetime is not valid here{expected}; quote it if it is meant as text");
     }
+    if let Some(rest) = message
+        .strip_prefix("invalid type: ")
+        .or_else(|| message.strip_prefix("invalid value: "))
+    {
+        if let Some((found, expected)) = rest.split_once(", expected ") {
+            return mistyped(found, expected);
+        }
+    }
+    let syntax = [
+        "unclosed",
+        "expected",
+        "invalid table header",
+        "invalid key",
+        "invalid string",
+    ];
+    if syntax.iter().any(|p| message.starts_with(p)) {
+        return format!("TOML syntax: {message}");
+    }
     message.to_string()
+}
+
+/// "this is a string ("high"), but a number is expected here" for serde's
+/// "string \"high\", expected f64".
+fn mistyped(found: &str, expected: &str) -> String {
+    let (kind, value) = match found.split_once(' ') {
+        Some((kind, value)) if !kind.is_empty() => (kind, value.trim()),
+        _ => (found, ""),
+    };
+    let kind = match kind {
+        "string" => "a string",
+        "integer" => "an integer",
+        "floating" => "a number",
+        "boolean" => "a boolean",
+        "map" => "a table",
+        "sequence" => "an array",
+        other => other,
+    };
+    let value = value
+        .trim_start_matches("point ")
+        .trim_matches('`')
+        .to_string();
+    let wanted = match expected.trim() {
+        "f64" | "f32" => "a number".to_string(),
+        "u8" => "a whole number in 0..=255".to_string(),
+        "u16" => "a whole number in 0..=65535".to_string(),
+        "u32" => format!("a whole number in 0..={}", u32::MAX),
+        "u64" | "usize" => format!("a whole number in 0..={}", u64::MAX),
+        "i64" => "a whole number".to_string(),
+        "a boolean" | "bool" => "true or false".to_string(),
+        other => other.to_string(),
+    };
+    if value.is_empty() {
+        format!("this is {kind}, but {wanted} is expected here")
+    } else {
+        format!("this is {kind} ({value}), but {wanted} is expected here")
+    }
 }
 
 /// Converts plugin parameters to the JSON the plugin decodes.
@@ -541,6 +596,39 @@ pub fn parameters_json(parameters: &Option<toml::Table>) -> String {
     match parameters {
         None => "null".to_string(),
         Some(table) => serde_json::to_string(table).unwrap_or_else(|_| "null".to_string()),
+    }
+}
+
+#[cfg(test)]
+mod message_tests {
+    use super::toml_message;
+
+    #[test]
+    fn serde_type_errors_are_rephrased() {
+        assert_eq!(
+            toml_message(r#"invalid type: string "high", expected f64"#, "\"high\""),
+            r#"this is a string ("high"), but a number is expected here"#
+        );
+        assert_eq!(
+            toml_message("invalid type: floating point `1e30`, expected u32", "1e30"),
+            "this is a number (1e30), but a whole number in 0..=4294967295 is expected here"
+        );
+        assert_eq!(
+            toml_message("invalid type: map, expected a string", "{ a = 1 }"),
+            "this is a table, but a string is expected here"
+        );
+        assert_eq!(
+            toml_message("invalid value: integer `-1`, expected u32", "-1"),
+            "this is an integer (-1), but a whole number in 0..=4294967295 is expected here"
+        );
+        assert_eq!(
+            toml_message("unclosed array table, expected `]`", "[[plugins"),
+            "TOML syntax: unclosed array table, expected `]`"
+        );
+        assert_eq!(
+            toml_message("missing field `type`", ""),
+            "missing field `type`"
+        );
     }
 }
 
