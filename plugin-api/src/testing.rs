@@ -491,10 +491,23 @@ impl Harness {
         endpoints: &[TestEndpoint],
         attrs: &Attributes,
     ) -> Result<Filtered, PluginError> {
+        self.filter_from(request, endpoints, attrs, vec![true; endpoints.len()])
+    }
+
+    /// Runs a filter with `keep` as the starting flags instead of the host's all-`true`, to
+    /// check that a filter writes every entry rather than relying on the start (pass all
+    /// `false`). `keep` must have one flag per candidate.
+    pub fn filter_from(
+        &self,
+        request: &TestRequest,
+        endpoints: &[TestEndpoint],
+        attrs: &Attributes,
+        mut keep: Vec<bool>,
+    ) -> Result<Filtered, PluginError> {
+        assert_eq!(keep.len(), endpoints.len(), "one keep flag per candidate");
         let views = endpoint_views(endpoints);
         let (values, rows) = attrs.table(&self.declarations, endpoints.len());
         let attrs = attr_view(&values, &rows, endpoints.len());
-        let mut keep = vec![true; endpoints.len()];
         let mut note = RString::new();
         request.with_view(|request| {
             self.instance
@@ -607,7 +620,7 @@ fn attr_view<'a>(values: &'a [AttrValue], rows: &'a [u32], width: usize) -> Attr
 mod tests {
     use super::*;
     use crate::abi::ConsumedKey;
-    use crate::sdk::{Declare, Picker, ScoreOutput, Scorer};
+    use crate::sdk::{Declare, Filter, FilterOutput, Picker, ScoreOutput, Scorer};
 
     struct LoadScorer;
 
@@ -679,6 +692,43 @@ mod tests {
             .score(&TestRequest::new("m"), &endpoints, &other)
             .unwrap();
         assert_eq!(scored.scores, [1.0, 1.0, 0.5]);
+    }
+
+    /// Keeps the candidates without waiting requests, writing only the ones it drops.
+    struct DropsBusy;
+
+    impl Filter for DropsBusy {
+        fn filter(
+            &self,
+            _request: &RequestView<'_>,
+            endpoints: &[EndpointView<'_>],
+            _attrs: &AttrView<'_>,
+            out: FilterOutput<'_>,
+        ) -> Result<(), PluginError> {
+            for (keep, endpoint) in out.keep.iter_mut().zip(endpoints) {
+                if endpoint.metrics.waiting_requests > 0 {
+                    *keep = false;
+                }
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_filter_can_start_from_other_flags() {
+        let harness = Harness::from_implementation(Instance::filter(DropsBusy));
+        let mut endpoints = TestEndpoint::several(3);
+        endpoints[1] = endpoints[1].clone().queue(0, 2);
+        let request = TestRequest::new("m");
+        let attrs = Attributes::new();
+        let filtered = harness.filter(&request, &endpoints, &attrs).unwrap();
+        assert_eq!(filtered.keep, [true, false, true]);
+        assert_eq!(filtered.kept(), [0, 2]);
+        // Started from all `false`, the flags it never writes stay `false`.
+        let filtered = harness
+            .filter_from(&request, &endpoints, &attrs, vec![false; 3])
+            .unwrap();
+        assert_eq!(filtered.keep, [false; 3]);
     }
 
     #[test]
