@@ -367,11 +367,25 @@ pub struct Harness {
 impl Harness {
     /// Creates an instance of the factory's type from JSON parameters (`"null"` for none),
     /// as the host does for a `[[plugins]]` entry.
+    /// The instance is named after its type; see [`Harness::named`] for another name.
     pub fn new(factory: &PluginFactory, parameters_json: &str) -> Result<Harness, PluginError> {
-        let instance = (factory.create)(factory.type_name, parameters_json)?;
-        Ok(Harness::from_instance(
-            instance.into_ffi_named(factory.type_name),
-        ))
+        Harness::named(factory, factory.type_name, parameters_json)
+    }
+
+    /// Like [`Harness::new`], for an entry named `instance_name` (its `name` in the
+    /// configuration). A producer puts its instance name in the keys it declares.
+    pub fn named(
+        factory: &PluginFactory,
+        instance_name: &str,
+        parameters_json: &str,
+    ) -> Result<Harness, PluginError> {
+        let instance = (factory.create)(instance_name, parameters_json)?;
+        let label = if instance_name == factory.type_name {
+            instance_name.to_string()
+        } else {
+            format!("{instance_name} ({})", factory.type_name)
+        };
+        Ok(Harness::from_instance(instance.into_ffi_named(&label)))
     }
 
     /// Wraps an implementation built directly, without its factory.
@@ -620,7 +634,9 @@ fn attr_view<'a>(values: &'a [AttrValue], rows: &'a [u32], width: usize) -> Attr
 mod tests {
     use super::*;
     use crate::abi::ConsumedKey;
-    use crate::sdk::{Declare, Filter, FilterOutput, Picker, ScoreOutput, Scorer};
+    use crate::sdk::{
+        Declare, Filter, FilterOutput, Picker, ProduceBatch, Producer, ScoreOutput, Scorer,
+    };
 
     struct LoadScorer;
 
@@ -729,6 +745,46 @@ mod tests {
             .filter_from(&request, &endpoints, &attrs, vec![false; 3])
             .unwrap();
         assert_eq!(filtered.keep, [false; 3]);
+    }
+
+    /// Produces nothing, under a key named after its instance.
+    struct Named(String);
+
+    impl Producer for Named {
+        fn declare(&self) -> Declare {
+            Declare::default().produces("Thing", &self.0)
+        }
+
+        fn produce(
+            &self,
+            _items: &[ProduceItem<'_>],
+            _out: &mut ProduceBatch<'_>,
+        ) -> Result<(), PluginError> {
+            Ok(())
+        }
+    }
+
+    static NAMED: PluginFactory = PluginFactory {
+        type_name: "named-producer",
+        kind: crate::abi::PluginKind::Producer,
+        stability: crate::abi::Stability::Beta,
+        description: "",
+        parameters: &[],
+        create: |name, _| Ok(Instance::producer(Named(name.to_string()))),
+    };
+
+    #[test]
+    fn an_instance_can_be_created_under_another_name() {
+        let by_type = Harness::new(&NAMED, "null").unwrap();
+        assert_eq!(
+            by_type.declarations().produces.as_slice(),
+            [DataKey::new("Thing", "named-producer")]
+        );
+        let named = Harness::named(&NAMED, "mine", "null").unwrap();
+        assert_eq!(
+            named.declarations().produces.as_slice(),
+            [DataKey::new("Thing", "mine")]
+        );
     }
 
     #[test]
