@@ -367,11 +367,25 @@ pub struct Harness {
 impl Harness {
     /// Creates an instance of the factory's type from JSON parameters (`"null"` for none),
     /// as the host does for a `[[plugins]]` entry.
+    /// The instance is named after its type; see [`Harness::named`] for another name.
     pub fn new(factory: &PluginFactory, parameters_json: &str) -> Result<Harness, PluginError> {
-        let instance = (factory.create)(factory.type_name, parameters_json)?;
-        Ok(Harness::from_instance(
-            instance.into_ffi_named(factory.type_name),
-        ))
+        Harness::named(factory, factory.type_name, parameters_json)
+    }
+
+    /// Like [`Harness::new`], for an entry named `instance_name` (its `name` in the
+    /// configuration). A producer puts its instance name in the keys it declares.
+    pub fn named(
+        factory: &PluginFactory,
+        instance_name: &str,
+        parameters_json: &str,
+    ) -> Result<Harness, PluginError> {
+        let instance = (factory.create)(instance_name, parameters_json)?;
+        let label = if instance_name == factory.type_name {
+            instance_name.to_string()
+        } else {
+            format!("{instance_name} ({})", factory.type_name)
+        };
+        Ok(Harness::from_instance(instance.into_ffi_named(&label)))
     }
 
     /// Wraps an implementation built directly, without its factory.
@@ -491,10 +505,23 @@ impl Harness {
         endpoints: &[TestEndpoint],
         attrs: &Attributes,
     ) -> Result<Filtered, PluginError> {
+        self.filter_from(request, endpoints, attrs, vec![true; endpoints.len()])
+    }
+
+    /// Runs a filter with `keep` as the starting flags instead of the host's all-`true`, to
+    /// check that a filter writes every entry rather than relying on the start (pass all
+    /// `false`). `keep` must have one flag per candidate.
+    pub fn filter_from(
+        &self,
+        request: &TestRequest,
+        endpoints: &[TestEndpoint],
+        attrs: &Attributes,
+        mut keep: Vec<bool>,
+    ) -> Result<Filtered, PluginError> {
+        assert_eq!(keep.len(), endpoints.len(), "one keep flag per candidate");
         let views = endpoint_views(endpoints);
         let (values, rows) = attrs.table(&self.declarations, endpoints.len());
         let attrs = attr_view(&values, &rows, endpoints.len());
-        let mut keep = vec![true; endpoints.len()];
         let mut note = RString::new();
         request.with_view(|request| {
             self.instance
@@ -607,7 +634,9 @@ fn attr_view<'a>(values: &'a [AttrValue], rows: &'a [u32], width: usize) -> Attr
 mod tests {
     use super::*;
     use crate::abi::ConsumedKey;
-    use crate::sdk::{Declare, Picker, ScoreOutput, Scorer};
+    use crate::sdk::{
+        Declare, Filter, FilterOutput, Picker, ProduceBatch, Producer, ScoreOutput, Scorer,
+    };
 
     struct LoadScorer;
 
@@ -679,6 +708,83 @@ mod tests {
             .score(&TestRequest::new("m"), &endpoints, &other)
             .unwrap();
         assert_eq!(scored.scores, [1.0, 1.0, 0.5]);
+    }
+
+    /// Keeps the candidates without waiting requests, writing only the ones it drops.
+    struct DropsBusy;
+
+    impl Filter for DropsBusy {
+        fn filter(
+            &self,
+            _request: &RequestView<'_>,
+            endpoints: &[EndpointView<'_>],
+            _attrs: &AttrView<'_>,
+            out: FilterOutput<'_>,
+        ) -> Result<(), PluginError> {
+            for (keep, endpoint) in out.keep.iter_mut().zip(endpoints) {
+                if endpoint.metrics.waiting_requests > 0 {
+                    *keep = false;
+                }
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_filter_can_start_from_other_flags() {
+        let harness = Harness::from_implementation(Instance::filter(DropsBusy));
+        let mut endpoints = TestEndpoint::several(3);
+        endpoints[1] = endpoints[1].clone().queue(0, 2);
+        let request = TestRequest::new("m");
+        let attrs = Attributes::new();
+        let filtered = harness.filter(&request, &endpoints, &attrs).unwrap();
+        assert_eq!(filtered.keep, [true, false, true]);
+        assert_eq!(filtered.kept(), [0, 2]);
+        // Started from all `false`, the flags it never writes stay `false`.
+        let filtered = harness
+            .filter_from(&request, &endpoints, &attrs, vec![false; 3])
+            .unwrap();
+        assert_eq!(filtered.keep, [false; 3]);
+    }
+
+    /// Produces nothing, under a key named after its instance.
+    struct Named(String);
+
+    impl Producer for Named {
+        fn declare(&self) -> Declare {
+            Declare::default().produces("Thing", &self.0)
+        }
+
+        fn produce(
+            &self,
+            _items: &[ProduceItem<'_>],
+            _out: &mut ProduceBatch<'_>,
+        ) -> Result<(), PluginError> {
+            Ok(())
+        }
+    }
+
+    static NAMED: PluginFactory = PluginFactory {
+        type_name: "named-producer",
+        kind: crate::abi::PluginKind::Producer,
+        stability: crate::abi::Stability::Beta,
+        description: "",
+        parameters: &[],
+        create: |name, _| Ok(Instance::producer(Named(name.to_string()))),
+    };
+
+    #[test]
+    fn an_instance_can_be_created_under_another_name() {
+        let by_type = Harness::new(&NAMED, "null").unwrap();
+        assert_eq!(
+            by_type.declarations().produces.as_slice(),
+            [DataKey::new("Thing", "named-producer")]
+        );
+        let named = Harness::named(&NAMED, "mine", "null").unwrap();
+        assert_eq!(
+            named.declarations().produces.as_slice(),
+            [DataKey::new("Thing", "mine")]
+        );
     }
 
     #[test]

@@ -1,111 +1,68 @@
 //! The producer through the plugin boundary: factory → instance → `produce` / `dispatched` /
-//! `state` over hand-built views.
+//! `state`, called with the plugin API's testing harness.
 
-use switchyard_plugin_api::ffi::{RSlice, RStr};
 use switchyard_plugin_api::keys::{PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER};
-use switchyard_plugin_api::{
-    AttrView, ConsumedKey, DataKey, EndpointMetrics, ErrorKind, PluginInstance, PromptTokens,
-};
+use switchyard_plugin_api::testing::{Attributes, Harness, TestEndpoint, TestRequest};
+use switchyard_plugin_api::{ConsumedKey, DataKey, ErrorKind, PluginError};
 
 use super::*;
 
-fn instance(parameters: &str) -> PluginInstance {
-    match (FACTORY.create)("approx", parameters) {
-        Ok(instance) => instance.into_ffi(),
+fn instance(parameters: &str) -> Harness {
+    match Harness::named(&FACTORY, "approx", parameters) {
+        Ok(harness) => harness,
         Err(error) => panic!("create failed: {error}"),
+    }
+}
+
+fn refused(parameters: &str) -> PluginError {
+    match Harness::named(&FACTORY, "approx", parameters) {
+        Ok(_) => panic!("accepted {parameters}"),
+        Err(error) => error,
     }
 }
 
 /// A candidate with the given host index and id, reporting `block_size`-token cache blocks
 /// (0 = unknown) and `num_blocks` of them.
-fn endpoint(host_index: u32, id: &'static str, block_size: u32, num_blocks: u64) -> Endpoint {
-    Endpoint {
-        host_index,
-        id,
-        metrics: EndpointMetrics {
-            cache_block_size: block_size,
-            cache_num_blocks: num_blocks,
-            ..EndpointMetrics::default()
-        },
-    }
+fn endpoint(host_index: u32, id: &str, block_size: u32, num_blocks: u64) -> TestEndpoint {
+    TestEndpoint::new(id)
+        .address("10.0.0.1:8000")
+        .host_index(host_index)
+        .cache(block_size, num_blocks)
 }
 
-#[derive(Clone, Copy)]
-struct Endpoint {
-    host_index: u32,
-    id: &'static str,
-    metrics: EndpointMetrics,
-}
-
-fn views(endpoints: &[Endpoint]) -> Vec<EndpointView<'static>> {
-    endpoints
-        .iter()
-        .enumerate()
-        .map(|(slot, e)| EndpointView {
-            slot: slot as u32,
-            host_index: e.host_index,
-            id: RStr::from_str(e.id),
-            address: RStr::from_str("10.0.0.1:8000"),
-            role: RStr::from_str(""),
-            metrics: e.metrics,
-        })
-        .collect()
-}
-
-fn with_request<R>(prompts: &[&[u32]], body: impl FnOnce(&RequestView<'_>) -> R) -> R {
-    let prompts: Vec<PromptTokens<'_>> = prompts
-        .iter()
-        .map(|tokens| PromptTokens {
-            tokens: RSlice::from_slice(tokens),
-        })
-        .collect();
-    let request = RequestView {
-        id: RStr::from_str("request"),
-        model: RStr::from_str("test-model"),
-        cache_salt: RStr::from_str(""),
-        prompts: RSlice::from_slice(&prompts),
-        max_output_tokens: -1,
-        now_ms: 0,
-        random_seed: 0,
-        explain: false,
-    };
-    body(&request)
+fn request(prompts: &[&[u32]]) -> TestRequest {
+    prompts.iter().fold(
+        TestRequest::new("test-model").id("request").random_seed(0),
+        |request, tokens| request.prompt(tokens),
+    )
 }
 
 /// Produces for one request and returns the value written on each candidate.
 fn produce(
-    producer: &PluginInstance,
+    producer: &Harness,
     prompts: &[&[u32]],
-    endpoints: &[Endpoint],
+    endpoints: &[&TestEndpoint],
 ) -> Vec<PrefixCacheMatchInfo> {
-    let endpoints = views(endpoints);
-    with_request(prompts, |request| {
-        let no_rows = [u32::MAX];
-        let item = ProduceItem {
-            request: *request,
-            endpoints: RSlice::from_slice(&endpoints),
-            attrs: AttrView {
-                values: RSlice::from_slice(&[]),
-                stride: endpoints.len() as u32,
-                rows: RSlice::from_slice(&no_rows),
-            },
-            out_offset: 0,
-        };
-        let mut out = vec![AttrValue::Absent; endpoints.len()];
-        producer.produce(&[item], &mut out).expect("produce");
-        out.iter()
-            .map(|value| {
-                value
-                    .prefix_cache_match()
-                    .expect("written on every candidate")
-            })
-            .collect()
-    })
+    let endpoints: Vec<TestEndpoint> = endpoints.iter().map(|&e| e.clone()).collect();
+    let produced = producer
+        .produce(&request(prompts), &endpoints, &Attributes::new())
+        .expect("produce");
+    produced
+        .get(PREFIX_CACHE_MATCH_INFO)
+        .expect("the declared key")
+        .iter()
+        .map(|value| {
+            value
+                .prefix_cache_match()
+                .expect("written on every candidate")
+        })
+        .collect()
 }
 
-fn dispatch(producer: &PluginInstance, prompts: &[&[u32]], to: Endpoint) {
-    let endpoint = views(&[to])[0];
-    with_request(prompts, |request| producer.dispatched(request, &endpoint)).expect("dispatched");
+fn dispatch(producer: &Harness, prompts: &[&[u32]], to: &TestEndpoint) {
+    producer
+        .dispatched(&request(prompts), to, 0)
+        .expect("dispatched");
 }
 
 fn pmi(match_blocks: u64, total_blocks: u64, block_size_tokens: u64) -> PrefixCacheMatchInfo {
@@ -123,7 +80,8 @@ fn three_blocks() -> Vec<u32> {
 
 #[test]
 fn declarations_name_the_instance_and_the_token_producer() {
-    let declared = instance("null").declarations();
+    let producer = instance("null");
+    let declared = producer.declarations();
     assert_eq!(
         declared.produces.as_slice(),
         [DataKey::new(PREFIX_CACHE_MATCH_INFO, "approx")]
@@ -146,17 +104,17 @@ fn dispatched_requests_are_matched_on_their_endpoint() {
     let b = endpoint(1, "ns/b", 16, 0);
     let first = three_blocks();
     assert_eq!(
-        produce(&producer, &[&first], &[a, b]),
+        produce(&producer, &[&first], &[&a, &b]),
         [pmi(0, 3, 64), pmi(0, 3, 64)]
     );
 
-    dispatch(&producer, &[&first], a);
+    dispatch(&producer, &[&first], &a);
     assert_eq!(
-        produce(&producer, &[&first], &[a, b]),
+        produce(&producer, &[&first], &[&a, &b]),
         [pmi(3, 3, 64), pmi(0, 3, 64)]
     );
     assert_eq!(
-        produce(&producer, &[&first], &[b, a]),
+        produce(&producer, &[&first], &[&b, &a]),
         [pmi(0, 3, 64), pmi(3, 3, 64)],
         "found by host index in any slot"
     );
@@ -164,7 +122,7 @@ fn dispatched_requests_are_matched_on_their_endpoint() {
     let mut second = first.clone();
     second[150] = 999_999;
     assert_eq!(
-        produce(&producer, &[&second], &[a, b]),
+        produce(&producer, &[&second], &[&a, &b]),
         [pmi(2, 3, 64), pmi(0, 3, 64)]
     );
 }
@@ -174,10 +132,10 @@ fn the_first_candidates_reported_block_size_is_used_under_auto_tune() {
     let producer = instance("null");
     let big = endpoint(0, "ns/a", 128, 0);
     let tokens = three_blocks();
-    assert_eq!(produce(&producer, &[&tokens], &[big]), [pmi(0, 2, 128)]);
+    assert_eq!(produce(&producer, &[&tokens], &[&big]), [pmi(0, 2, 128)]);
 
     let fixed = instance(r#"{"autoTune": false, "blockSizeTokens": 96}"#);
-    assert_eq!(produce(&fixed, &[&tokens], &[big]), [pmi(0, 2, 96)]);
+    assert_eq!(produce(&fixed, &[&tokens], &[&big]), [pmi(0, 2, 96)]);
 }
 
 #[test]
@@ -186,8 +144,8 @@ fn capacity_follows_the_endpoints_cache_size() {
     // Two server blocks of 64 tokens hold two of our blocks; the first two survive.
     let small = endpoint(0, "ns/a", 64, 2);
     let tokens = three_blocks();
-    dispatch(&producer, &[&tokens], small);
-    assert_eq!(produce(&producer, &[&tokens], &[small]), [pmi(2, 3, 64)]);
+    dispatch(&producer, &[&tokens], &small);
+    assert_eq!(produce(&producer, &[&tokens], &[&small]), [pmi(2, 3, 64)]);
 }
 
 #[test]
@@ -196,31 +154,31 @@ fn matches_sum_over_prompts() {
     let a = endpoint(0, "ns/a", 0, 0);
     let first = three_blocks();
     let second: Vec<u32> = (1000..1064).collect();
-    dispatch(&producer, &[&first, &second], a);
+    dispatch(&producer, &[&first, &second], &a);
     assert_eq!(
-        produce(&producer, &[&first, &second], &[a]),
+        produce(&producer, &[&first, &second], &[&a]),
         [pmi(4, 4, 64)]
     );
-    assert_eq!(produce(&producer, &[&second], &[a]), [pmi(1, 1, 64)]);
+    assert_eq!(produce(&producer, &[&second], &[&a]), [pmi(1, 1, 64)]);
 }
 
 #[test]
 fn a_request_without_tokens_gets_zero_blocks() {
     let producer = instance("null");
     let a = endpoint(0, "ns/a", 0, 0);
-    dispatch(&producer, &[], a);
-    assert_eq!(produce(&producer, &[], &[a]), [pmi(0, 0, 64)]);
-    assert_eq!(produce(&producer, &[&[]], &[a]), [pmi(0, 0, 64)]);
+    dispatch(&producer, &[], &a);
+    assert_eq!(produce(&producer, &[], &[&a]), [pmi(0, 0, 64)]);
+    assert_eq!(produce(&producer, &[&[]], &[&a]), [pmi(0, 0, 64)]);
 }
 
 #[test]
 fn another_endpoint_taking_over_a_host_index_starts_empty() {
     let producer = instance("null");
     let tokens = three_blocks();
-    dispatch(&producer, &[&tokens], endpoint(0, "ns/old", 0, 0));
-    dispatch(&producer, &[&[7; 64]], endpoint(0, "ns/new", 0, 0));
+    dispatch(&producer, &[&tokens], &endpoint(0, "ns/old", 0, 0));
+    dispatch(&producer, &[&[7; 64]], &endpoint(0, "ns/new", 0, 0));
     assert_eq!(
-        produce(&producer, &[&tokens], &[endpoint(0, "ns/new", 0, 0)]),
+        produce(&producer, &[&tokens], &[&endpoint(0, "ns/new", 0, 0)]),
         [pmi(0, 3, 64)]
     );
 }
@@ -229,10 +187,9 @@ fn another_endpoint_taking_over_a_host_index_starts_empty() {
 fn state_lists_endpoints_and_distinct_blocks() {
     let producer = instance("null");
     let shared = three_blocks();
-    dispatch(&producer, &[&shared], endpoint(2, "ns/a", 0, 0));
-    dispatch(&producer, &[&shared[..64]], endpoint(0, "ns/b", 0, 0));
-    let state: serde_json::Value =
-        serde_json::from_str(&producer.extension("state", "").expect("state")).unwrap();
+    dispatch(&producer, &[&shared], &endpoint(2, "ns/a", 0, 0));
+    dispatch(&producer, &[&shared[..64]], &endpoint(0, "ns/b", 0, 0));
+    let state = producer.state().expect("state").expect("a state");
     assert_eq!(
         state,
         json!({
@@ -247,20 +204,14 @@ fn state_lists_endpoints_and_distinct_blocks() {
 
 #[test]
 fn unknown_parameter_is_refused_with_its_name() {
-    let error = match (FACTORY.create)("approx", r#"{"blockSizeToken": 64}"#) {
-        Ok(_) => panic!("unknown parameter accepted"),
-        Err(error) => error,
-    };
+    let error = refused(r#"{"blockSizeToken": 64}"#);
     assert_eq!(error.kind, ErrorKind::InvalidParameter);
     assert_eq!(error.field.as_str(), "blockSizeToken");
 }
 
 #[test]
 fn out_of_range_parameter_is_refused_with_its_name_and_range() {
-    let error = match (FACTORY.create)("approx", r#"{"lruCapacityPerServer": 0}"#) {
-        Ok(_) => panic!("out-of-range parameter accepted"),
-        Err(error) => error,
-    };
+    let error = refused(r#"{"lruCapacityPerServer": 0}"#);
     assert_eq!(error.kind, ErrorKind::InvalidParameter);
     assert_eq!(error.field.as_str(), "lruCapacityPerServer");
     assert_eq!(
@@ -348,46 +299,36 @@ fn a_remembered_hashing_is_reused_only_for_the_same_request_and_parameters() {
                         .collect()
                 })
                 .collect();
-            let views: Vec<Vec<PromptTokens<'_>>> = prompts
+            let requests: Vec<TestRequest> = prompts
                 .iter()
-                .map(|request| {
-                    request
-                        .iter()
-                        .map(|p| PromptTokens {
-                            tokens: RSlice::from_slice(p),
-                        })
-                        .collect()
-                })
-                .collect();
-            let requests: Vec<RequestView<'_>> = views
-                .iter()
-                .map(|views| RequestView {
-                    id: RStr::from_str(["r", "q"][next(2) as usize]),
-                    model: RStr::from_str(["", "m", "ab"][next(3) as usize]),
-                    cache_salt: RStr::from_str(["", "s", "c"][next(3) as usize]),
-                    prompts: RSlice::from_slice(views),
+                .map(|request| TestRequest {
+                    id: ["r", "q"][next(2) as usize].to_string(),
+                    model: ["", "m", "ab"][next(3) as usize].to_string(),
+                    cache_salt: ["", "s", "c"][next(3) as usize].to_string(),
+                    prompts: request.clone(),
                     max_output_tokens: -1,
                     now_ms: 0,
                     random_seed: next(2),
                     explain: false,
                 })
                 .collect();
-            let server = [0, 64, 128][next(3) as usize];
-            let block_size = producer.hash_request(&requests[0], server, &mut out);
-            assert_eq!(block_size, config.effective_block_size(Some(server)));
-            assert_eq!(
-                out,
-                hash_afresh(&config, &requests[0], server),
-                "{parameters}"
-            );
-            // Dispatched: usually the request just produced, sometimes twice or another one.
-            for _ in 0..1 + next(2) {
-                let request = &requests[usize::from(next(4) == 0)];
-                let server = [0, 64, 128, server, server][next(5) as usize];
-                let block_size = producer.hashes_for_dispatch(request, server, &mut out);
-                assert_eq!(block_size, config.effective_block_size(Some(server)));
-                assert_eq!(out, hash_afresh(&config, request, server), "{parameters}");
-            }
+            requests[0].with_view(|first| {
+                requests[1].with_view(|second| {
+                    let server = [0, 64, 128][next(3) as usize];
+                    let block_size = producer.hash_request(first, server, &mut out);
+                    assert_eq!(block_size, config.effective_block_size(Some(server)));
+                    assert_eq!(out, hash_afresh(&config, first, server), "{parameters}");
+                    // Dispatched: usually the request just produced, sometimes twice or
+                    // another one.
+                    for _ in 0..1 + next(2) {
+                        let request = [first, second][usize::from(next(4) == 0)];
+                        let server = [0, 64, 128, server, server][next(5) as usize];
+                        let block_size = producer.hashes_for_dispatch(request, server, &mut out);
+                        assert_eq!(block_size, config.effective_block_size(Some(server)));
+                        assert_eq!(out, hash_afresh(&config, request, server), "{parameters}");
+                    }
+                })
+            });
         }
     }
 }

@@ -1,12 +1,11 @@
-//! The producer through the plugin boundary: factory → instance → `produce` over hand-built
-//! views, with expected placements from the reference catalogue (P2, P3, A2, A5, A6).
+//! The producer through the plugin boundary: factory → instance → `produce`, called with the
+//! plugin API's testing harness, with expected placements from the reference catalogue (P2,
+//! P3, A2, A5, A6).
 
-use switchyard_plugin_api::ffi::{RSlice, RStr};
 use switchyard_plugin_api::keys::{PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER};
+use switchyard_plugin_api::testing::{Attributes, Harness, TestEndpoint, TestRequest};
 use switchyard_plugin_api::{
-    AttrValue, AttrView, BatchPolicy, ConsumedKey, DataKey, EndpointMetrics, EndpointView,
-    ErrorKind, PluginError, PluginInstance, PrefixCacheMatchInfo, ProduceItem, PromptTokens,
-    RequestView,
+    AttrValue, BatchPolicy, ConsumedKey, DataKey, ErrorKind, PluginError, PrefixCacheMatchInfo,
 };
 
 use super::*;
@@ -14,110 +13,71 @@ use super::*;
 /// Every endpoint the tests know; an endpoint's host index is its position here.
 const PODS: [&str; 4] = ["/pod1", "/pod2", "/pod3", "/pod4"];
 
-fn instance(parameters: &str) -> PluginInstance {
-    match (FACTORY.create)("burst", parameters) {
-        Ok(instance) => instance.into_ffi(),
+fn instance(parameters: &str) -> Harness {
+    match Harness::named(&FACTORY, "burst", parameters) {
+        Ok(harness) => harness,
         Err(error) => panic!("create failed: {error}"),
     }
 }
 
 fn create_error(parameters: &str) -> PluginError {
-    match (FACTORY.create)("burst", parameters) {
+    match Harness::named(&FACTORY, "burst", parameters) {
         Ok(_) => panic!("parameters {parameters} should be refused"),
         Err(error) => error,
     }
 }
 
-/// One request of a batch: its prompts and the ids of its candidates, in slot order.
+/// One request of a batch and its candidates, in slot order.
 struct Request {
-    prompts: Vec<Vec<u32>>,
-    candidates: Vec<&'static str>,
-    running: Vec<u32>,
-    model: &'static str,
-    cache_salt: &'static str,
+    request: TestRequest,
+    candidates: Vec<TestEndpoint>,
 }
 
-fn request(tokens: &[u32], candidates: &[&'static str]) -> Request {
-    Request {
-        prompts: vec![tokens.to_vec()],
-        candidates: candidates.to_vec(),
-        running: vec![0; candidates.len()],
-        model: "",
-        cache_salt: "",
-    }
+/// A request for `model` without prompts.
+fn base(model: &str) -> TestRequest {
+    TestRequest::new(model).id("request").random_seed(0)
 }
 
-fn copies(count: usize, tokens: &[u32], candidates: &[&'static str]) -> Vec<Request> {
-    (0..count).map(|_| request(tokens, candidates)).collect()
-}
-
-fn endpoint_views(request: &Request) -> Vec<EndpointView<'static>> {
-    request
-        .candidates
-        .iter()
-        .zip(&request.running)
-        .enumerate()
-        .map(|(slot, (&id, &running))| EndpointView {
-            slot: slot as u32,
-            host_index: PODS.iter().position(|&pod| pod == id).expect("known pod") as u32,
-            id: RStr::from_str(id),
-            address: RStr::from_str("10.0.0.1:8000"),
-            role: RStr::from_str(""),
-            metrics: EndpointMetrics {
-                running_requests: running,
-                ..EndpointMetrics::default()
-            },
+/// The known pods `ids`, each running the given number of requests.
+fn pods(ids: &[&str], running: &[u32]) -> Vec<TestEndpoint> {
+    ids.iter()
+        .zip(running)
+        .map(|(&id, &running)| {
+            TestEndpoint::new(id)
+                .address("10.0.0.1:8000")
+                .host_index(PODS.iter().position(|&pod| pod == id).expect("known pod") as u32)
+                .queue(running, 0)
         })
         .collect()
 }
 
-/// Runs one sealed batch and returns, per request, the value written on each candidate.
-fn produce(instance: &PluginInstance, batch: &[Request]) -> Vec<Vec<AttrValue>> {
-    let prompts: Vec<Vec<PromptTokens<'_>>> = batch
-        .iter()
-        .map(|r| {
-            r.prompts
-                .iter()
-                .map(|tokens| PromptTokens {
-                    tokens: RSlice::from_slice(tokens),
-                })
-                .collect()
-        })
-        .collect();
-    let endpoints: Vec<Vec<EndpointView<'_>>> = batch.iter().map(endpoint_views).collect();
-    let no_rows = [u32::MAX];
-    let produced = instance.declarations().produces.len();
-    let mut items = Vec::new();
-    let mut offset = 0;
-    for ((prompts, endpoints), request) in prompts.iter().zip(&endpoints).zip(batch) {
-        items.push(ProduceItem {
-            request: RequestView {
-                id: RStr::from_str("request"),
-                model: RStr::from_str(request.model),
-                cache_salt: RStr::from_str(request.cache_salt),
-                prompts: RSlice::from_slice(prompts),
-                max_output_tokens: -1,
-                now_ms: 0,
-                random_seed: 0,
-                explain: false,
-            },
-            endpoints: RSlice::from_slice(endpoints),
-            attrs: AttrView {
-                values: RSlice::from_slice(&[]),
-                stride: endpoints.len() as u32,
-                rows: RSlice::from_slice(&no_rows),
-            },
-            out_offset: offset as u32,
-        });
-        offset += produced * endpoints.len();
+fn request(tokens: &[u32], candidates: &[&str]) -> Request {
+    Request {
+        request: base("").tokens(tokens),
+        candidates: pods(candidates, &vec![0; candidates.len()]),
     }
-    let mut out = vec![AttrValue::Absent; offset];
-    instance.produce(&items, &mut out).expect("produce");
-    items
+}
+
+fn copies(count: usize, tokens: &[u32], candidates: &[&str]) -> Vec<Request> {
+    (0..count).map(|_| request(tokens, candidates)).collect()
+}
+
+/// Runs one sealed batch and returns, per request, the value written on each candidate.
+fn produce(instance: &Harness, batch: &[Request]) -> Vec<Vec<AttrValue>> {
+    let attrs = Attributes::new();
+    let items: Vec<(&TestRequest, &[TestEndpoint], &Attributes)> = batch
         .iter()
-        .map(|item| {
-            let start = item.out_offset as usize;
-            out[start..start + item.endpoints.len()].to_vec()
+        .map(|r| (&r.request, r.candidates.as_slice(), &attrs))
+        .collect();
+    instance
+        .produce_batch(&items)
+        .expect("produce")
+        .iter()
+        .map(|produced| {
+            produced
+                .get(PREFIX_CACHE_MATCH_INFO)
+                .expect("the declared key")
+                .to_vec()
         })
         .collect()
 }
@@ -132,19 +92,19 @@ fn pmi(match_blocks: u64, total_blocks: u64, block_size_tokens: u64) -> AttrValu
 
 /// The candidate with a positive match in each request's values (`"-"` when none), checking
 /// that every candidate got a value.
-fn assigned(batch: &[Request], values: &[Vec<AttrValue>]) -> Vec<&'static str> {
+fn assigned<'a>(batch: &'a [Request], values: &[Vec<AttrValue>]) -> Vec<&'a str> {
     batch
         .iter()
         .zip(values)
         .map(|(request, values)| {
             let mut chosen = "-";
-            for (id, value) in request.candidates.iter().zip(values) {
+            for (endpoint, value) in request.candidates.iter().zip(values) {
                 let info = value
                     .prefix_cache_match()
                     .expect("written on every candidate");
                 if info.match_blocks > 0 {
                     assert_eq!(chosen, "-", "at most one candidate matches");
-                    chosen = id;
+                    chosen = &endpoint.id;
                 }
             }
             chosen
@@ -154,7 +114,8 @@ fn assigned(batch: &[Request], values: &[Vec<AttrValue>]) -> Vec<&'static str> {
 
 #[test]
 fn declarations_carry_keys_batch_policy_and_timeout() {
-    let declared = instance("null").declarations();
+    let producer = instance("null");
+    let declared = producer.declarations();
     assert_eq!(
         declared.produces.as_slice(),
         [DataKey::new(PREFIX_CACHE_MATCH_INFO, "burst")]
@@ -175,7 +136,8 @@ fn declarations_carry_keys_batch_policy_and_timeout() {
     );
     assert_eq!(declared.timeout_ms, 400);
 
-    let declared = instance(r#"{"windowDurationMs": 250, "maxBatchSize": -1}"#).declarations();
+    let producer = instance(r#"{"windowDurationMs": 250, "maxBatchSize": -1}"#);
+    let declared = producer.declarations();
     assert_eq!(
         declared.batch(),
         Some(BatchPolicy {
@@ -252,7 +214,7 @@ fn a2_cap_spreads_a_group_evenly() {
 fn running_requests_break_ties_before_ids() {
     let producer = instance(r#"{"blockSizeTokens": 4}"#);
     let mut batch = copies(2, &[1, 2, 3, 4], &PODS);
-    batch[0].running = vec![3, 1, 1, 2];
+    batch[0].candidates = pods(&PODS, &[3, 1, 1, 2]);
     let values = produce(&producer, &batch);
     assert_eq!(assigned(&batch, &values), ["/pod2", "/pod2"]);
 }
@@ -274,11 +236,8 @@ fn the_assigned_replica_is_found_by_host_index_in_any_slot() {
 fn every_prompt_of_a_request_counts_towards_its_blocks() {
     let producer = instance(r#"{"blockSizeTokens": 4}"#);
     let two_prompts = || Request {
-        prompts: vec![vec![1, 2, 3, 4], vec![5, 6, 7, 8, 9]],
-        candidates: vec!["/pod1", "/pod2"],
-        running: vec![0, 0],
-        model: "",
-        cache_salt: "",
+        request: base("").prompt(&[1, 2, 3, 4]).prompt(&[5, 6, 7, 8, 9]),
+        candidates: pods(&["/pod1", "/pod2"], &[0, 0]),
     };
     let batch = [two_prompts(), two_prompts()];
     let values = produce(&producer, &batch);
@@ -342,9 +301,9 @@ fn produce_hashing_everything(parameters: &str, batch: &[Request]) -> Vec<Vec<At
     let hashes: Vec<Vec<u64>> = batch
         .iter()
         .map(|r| {
-            let seed = prompt_seed(r.model, r.cache_salt);
+            let seed = prompt_seed(&r.request.model, &r.request.cache_salt);
             let mut hashes = Vec::new();
-            for tokens in &r.prompts {
+            for tokens in &r.request.prompts {
                 hash_prompt_into(seed, tokens, block_size, max_blocks, &mut hashes);
             }
             hashes
@@ -355,7 +314,7 @@ fn produce_hashing_everything(parameters: &str, batch: &[Request]) -> Vec<Vec<At
         .iter()
         .zip(&entries)
         .find(|(_, e)| !e.is_empty())
-        .map(|(r, _)| endpoint_views(r))
+        .map(|(r, _)| r.candidates.as_slice())
         .unwrap_or_default();
     let replicas: Vec<Replica<'_>> = spread_over
         .iter()
@@ -378,7 +337,7 @@ fn produce_hashing_everything(parameters: &str, batch: &[Request]) -> Vec<Vec<At
         .map(|((r, entry), target)| {
             let target = target.map(|t| spread_over[t].host_index);
             let total = entry.len() as u64;
-            endpoint_views(r)
+            r.candidates
                 .iter()
                 .map(|e| {
                     let matched = if target == Some(e.host_index) {
@@ -434,14 +393,15 @@ fn requests_left_unhashed_get_what_hashing_them_gives() {
                                 .collect()
                         })
                         .collect();
-                    let candidates: Vec<&'static str> = PODS[..2 + next(3) as usize].to_vec();
-                    let running = candidates.iter().map(|_| next(3) as u32).collect();
+                    let candidates = &PODS[..2 + next(3) as usize];
+                    let running: Vec<u32> = candidates.iter().map(|_| next(3) as u32).collect();
+                    let model = ["", "m", "ab"][next(3) as usize];
+                    let cache_salt = ["", "s", "c"][next(3) as usize];
+                    let mut request = base(model).cache_salt(cache_salt);
+                    request.prompts = prompts;
                     Request {
-                        prompts,
-                        candidates,
-                        running,
-                        model: ["", "m", "ab"][next(3) as usize],
-                        cache_salt: ["", "s", "c"][next(3) as usize],
+                        request,
+                        candidates: pods(candidates, &running),
                     }
                 })
                 .collect();

@@ -1,23 +1,16 @@
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
-use switchyard_plugin_api::ffi::{RSlice, RStr, RString};
-use switchyard_plugin_api::{
-    AttrValue, AttrView, ConsumedKey, DataKey, EndpointMetrics, EndpointView, ErrorKind,
-    InFlightLoad, LatencyPrediction, PluginError, PluginInstance, PrefixCacheMatchInfo,
-    RequestView,
-};
+use switchyard_plugin_api::testing::{Attributes, Harness, TestEndpoint, TestRequest};
+use switchyard_plugin_api::{AttrValue, ConsumedKey, DataKey, ErrorKind, PluginError};
 
 use super::*;
 
-fn instance(parameters: &str) -> PluginInstance {
-    match (FACTORY.create)("affinity", parameters) {
-        Ok(instance) => instance.into_ffi(),
-        Err(e) => panic!("refused {parameters}: {e:?}"),
-    }
+fn instance(parameters: &str) -> Harness {
+    Harness::new(&FACTORY, parameters).unwrap_or_else(|e| panic!("refused {parameters}: {e:?}"))
 }
 
 fn refused(parameters: &str) -> PluginError {
-    match (FACTORY.create)("affinity", parameters) {
+    match Harness::new(&FACTORY, parameters) {
         Ok(_) => panic!("accepted {parameters}"),
         Err(e) => e,
     }
@@ -30,119 +23,72 @@ struct Ep(i64, f64, i64);
 
 const IDS: [&str; 4] = ["default/a", "default/b", "default/c", "default/d"];
 
-/// Rows of the host's attribute table in these tests.
-const LOAD_ROW: u32 = 0;
-const PREFIX_ROW: u32 = 1;
-const LATENCY_ROW: u32 = 2;
-
-struct Table {
-    values: Vec<AttrValue>,
-    n: usize,
+/// The keys of the default producers, which these tests fill.
+fn load_key() -> DataKey {
+    DataKey::new("InFlightLoad", "inflight-load-producer")
 }
 
-impl Table {
-    fn new(eps: &[Ep]) -> Self {
-        let n = eps.len();
-        let mut values = vec![AttrValue::Absent; 3 * n];
-        for (i, &Ep(matched, ttft, tokens)) in eps.iter().enumerate() {
-            if tokens >= 0 {
-                values[LOAD_ROW as usize * n + i] = AttrValue::InFlightLoad(InFlightLoad {
-                    requests: 0,
-                    tokens,
-                });
-            }
-            if matched >= 0 {
-                values[PREFIX_ROW as usize * n + i] =
-                    AttrValue::PrefixCacheMatch(PrefixCacheMatchInfo {
-                        match_blocks: matched as u64,
-                        total_blocks: 100,
-                        block_size_tokens: 16,
-                    });
-            }
-            if ttft >= 0.0 {
-                values[LATENCY_ROW as usize * n + i] =
-                    AttrValue::LatencyPrediction(LatencyPrediction {
-                        ttft_ms: ttft,
-                        tpot_ms: 0.0,
-                    });
-            }
+fn prefix_key() -> DataKey {
+    DataKey::new("PrefixCacheMatchInfo", "approx-prefix-cache-producer")
+}
+
+fn latency_key() -> DataKey {
+    DataKey::new("LatencyPrediction", "predicted-latency-producer")
+}
+
+/// The attributes of `eps`, under every default key (absent where an `Ep` field is negative).
+fn table(eps: &[Ep]) -> Attributes {
+    let mut load = vec![AttrValue::Absent; eps.len()];
+    let mut prefix = vec![AttrValue::Absent; eps.len()];
+    let mut latency = vec![AttrValue::Absent; eps.len()];
+    for (i, &Ep(matched, ttft, tokens)) in eps.iter().enumerate() {
+        if tokens >= 0 {
+            load[i] = Attributes::in_flight(0, tokens);
         }
-        Table { values, n }
+        if matched >= 0 {
+            prefix[i] = Attributes::prefix_match(matched as u64, 100, 16);
+        }
+        if ttft >= 0.0 {
+            latency[i] = Attributes::latency(ttft, 0.0);
+        }
     }
-
-    fn set(&mut self, row: u32, endpoint: usize, value: AttrValue) {
-        self.values[row as usize * self.n + endpoint] = value;
-    }
+    Attributes::new()
+        .set(load_key(), load)
+        .set(prefix_key(), prefix)
+        .set(latency_key(), latency)
 }
 
-/// Maps the instance's declared keys to table rows, as the host does at wiring time.
-fn rows_for(filter: &PluginInstance) -> Vec<u32> {
-    filter
-        .declarations()
-        .consumes
-        .iter()
-        .map(|c| match c.key.data_type.as_str() {
-            "InFlightLoad" => LOAD_ROW,
-            "PrefixCacheMatchInfo" => PREFIX_ROW,
-            "LatencyPrediction" => LATENCY_ROW,
-            _ => u32::MAX,
+/// One candidate per value of `table`'s prefix row, named after `IDS`.
+fn endpoints(table: &Attributes) -> Vec<TestEndpoint> {
+    let n = table.get(&prefix_key()).map_or(0, <[AttrValue]>::len);
+    (0..n)
+        .map(|i| {
+            TestEndpoint::new(IDS[i])
+                .address("10.0.0.1:8000")
+                .host_index(7 + i as u32)
         })
         .collect()
 }
 
-fn request(random_seed: u64, explain: bool) -> RequestView<'static> {
-    RequestView {
-        id: RStr::from_str("r1"),
-        model: RStr::from_str("m"),
-        cache_salt: RStr::from_str(""),
-        prompts: RSlice::from_slice(&[]),
-        max_output_tokens: -1,
-        now_ms: 0,
-        random_seed,
-        explain,
-    }
+fn request(random_seed: u64, explain: bool) -> TestRequest {
+    TestRequest::new("m")
+        .random_seed(random_seed)
+        .explain(explain)
 }
 
 /// Runs one request through the boundary: the keep mask and the note.
-fn run_with(
-    filter: &PluginInstance,
-    table: &Table,
-    seed: u64,
-    explain: bool,
-) -> (Vec<bool>, String) {
-    let endpoints: Vec<EndpointView<'_>> = (0..table.n)
-        .map(|i| EndpointView {
-            slot: i as u32,
-            host_index: 7 + i as u32,
-            id: RStr::from_str(IDS[i]),
-            address: RStr::from_str("10.0.0.1:8000"),
-            role: RStr::from_str(""),
-            metrics: EndpointMetrics::default(),
-        })
-        .collect();
-    let rows = rows_for(filter);
-    let attrs = AttrView {
-        values: RSlice::from_slice(&table.values),
-        stride: table.n as u32,
-        rows: RSlice::from_slice(&rows),
-    };
+fn run_with(filter: &Harness, table: &Attributes, seed: u64, explain: bool) -> (Vec<bool>, String) {
+    let endpoints = endpoints(table);
     // Deliberately not all `true`: the filter must write every entry.
-    let mut keep = vec![false; table.n];
-    let mut note = RString::new();
-    filter
-        .filter(
-            &request(seed, explain),
-            &endpoints,
-            &attrs,
-            &mut keep,
-            &mut note,
-        )
+    let start = vec![false; endpoints.len()];
+    let filtered = filter
+        .filter_from(&request(seed, explain), &endpoints, table, start)
         .expect("filters");
-    (keep, note.into_string())
+    (filtered.keep, filtered.note)
 }
 
 fn run(parameters: &str, eps: &[Ep]) -> (Vec<bool>, String) {
-    run_with(&instance(parameters), &Table::new(eps), 1, true)
+    run_with(&instance(parameters), &table(eps), 1, true)
 }
 
 fn required(data_type: &str, producer: &str) -> ConsumedKey {
@@ -153,10 +99,11 @@ fn required(data_type: &str, producer: &str) -> ConsumedKey {
 }
 
 fn consumes(parameters: &str) -> Vec<ConsumedKey> {
-    let declared = instance(parameters).declarations();
+    let filter = instance(parameters);
+    let declared = filter.declarations();
     assert!(declared.produces.is_empty());
     assert_eq!(declared.batch(), None);
-    declared.consumes.into_vec()
+    declared.consumes.to_vec()
 }
 
 const LATENCY_5000: &str = r#"{"maxTTFTPenaltyMs": 5000, "ttftSource": "latencyPredictor"}"#;
@@ -313,7 +260,7 @@ fn matched_tokens_gate_through_the_boundary() {
 #[test]
 fn note_is_written_only_for_explained_requests() {
     let filter = instance(LATENCY_5000);
-    let table = Table::new(&[Ep(90, 100.0, 0), Ep(85, 120.0, 0), Ep(10, 50.0, 0)]);
+    let table = table(&[Ep(90, 100.0, 0), Ep(85, 120.0, 0), Ep(10, 50.0, 0)]);
     let (keep, note) = run_with(&filter, &table, 1, false);
     assert_eq!(keep, [true, true, false]);
     assert_eq!(note, "");
@@ -332,7 +279,7 @@ fn f9_exploration_keeps_all() {
 #[test]
 fn exploration_follows_the_request_seed() {
     let filter = instance(r#"{"explorationProbability": 0.5, "maxTTFTPenaltyMs": 0}"#);
-    let table = Table::new(&[Ep(90, 100.0, 0), Ep(10, 50.0, 0)]);
+    let table = table(&[Ep(90, 100.0, 0), Ep(10, 50.0, 0)]);
     let mut explored = 0;
     for seed in 0..32 {
         let expected = exploration_draw(&mut SmallRng::seed_from_u64(seed)) < 0.5;
@@ -351,16 +298,9 @@ fn exploration_follows_the_request_seed() {
 #[test]
 fn wrong_variant_under_the_prefix_key_is_absent() {
     let filter = instance(r#"{"maxTTFTPenaltyMs": 0}"#);
-    let mut table = Table::new(&[Ep(90, -1.0, -1), Ep(10, -1.0, -1)]);
+    let mut table = table(&[Ep(90, -1.0, -1), Ep(10, -1.0, -1)]);
     assert_eq!(run_with(&filter, &table, 1, false).0, [true, false]);
-    table.set(
-        PREFIX_ROW,
-        0,
-        AttrValue::InFlightLoad(InFlightLoad {
-            requests: 90,
-            tokens: 100,
-        }),
-    );
+    table = table.set_on(prefix_key(), 0, Attributes::in_flight(90, 100));
     let (keep, note) = run_with(&filter, &table, 1, true);
     assert_eq!(keep, [true, true]);
     assert_eq!(note, "kept all: no endpoint reaches affinityThreshold");
@@ -369,16 +309,9 @@ fn wrong_variant_under_the_prefix_key_is_absent() {
 #[test]
 fn wrong_variant_under_the_gate_key_is_absent() {
     let filter = instance(r#"{"maxTTFTPenaltyMs": 100, "ttftSource": "latencyPredictor"}"#);
-    let mut table = Table::new(&[Ep(90, 10.0, -1), Ep(10, 50.0, -1)]);
+    let mut table = table(&[Ep(90, 10.0, -1), Ep(10, 50.0, -1)]);
     assert_eq!(run_with(&filter, &table, 1, false).0, [true, false]);
-    table.set(
-        LATENCY_ROW,
-        0,
-        AttrValue::InFlightLoad(InFlightLoad {
-            requests: 0,
-            tokens: 0,
-        }),
-    );
+    table = table.set_on(latency_key(), 0, Attributes::in_flight(0, 0));
     let (keep, note) = run_with(&filter, &table, 1, true);
     assert_eq!(keep, [true, true]);
     assert_eq!(
@@ -391,28 +324,19 @@ fn wrong_variant_under_the_gate_key_is_absent() {
 #[test]
 fn unproduced_prefix_key_keeps_all() {
     let filter = instance(r#"{"maxTTFTPenaltyMs": 0}"#);
-    let table = Table::new(&[Ep(90, -1.0, -1), Ep(10, -1.0, -1)]);
-    let endpoints: Vec<EndpointView<'_>> = (0..2)
-        .map(|i| EndpointView {
-            slot: i,
-            host_index: i,
-            id: RStr::from_str(IDS[i as usize]),
-            address: RStr::from_str(""),
-            role: RStr::from_str(""),
-            metrics: EndpointMetrics::default(),
-        })
+    let endpoints: Vec<TestEndpoint> = (0..2)
+        .map(|i| TestEndpoint::new(IDS[i]).address("").host_index(i as u32))
         .collect();
-    let attrs = AttrView {
-        values: RSlice::from_slice(&table.values),
-        stride: 2,
-        rows: RSlice::from_slice(&[u32::MAX]),
-    };
-    let mut keep = [false; 2];
-    let mut note = RString::new();
-    filter
-        .filter(&request(1, false), &endpoints, &attrs, &mut keep, &mut note)
+    // Nothing under the prefix key: the host hands the filter no row for it.
+    let filtered = filter
+        .filter_from(
+            &request(1, false),
+            &endpoints,
+            &Attributes::new(),
+            vec![false; 2],
+        )
         .expect("filters");
-    assert_eq!(keep, [true, true]);
+    assert_eq!(filtered.keep, [true, true]);
 }
 
 #[test]
