@@ -15,11 +15,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
-use switchyard::config::LoadedConfig;
-use switchyard::pipeline::{
-    build, load_registry, Endpoint, Fleet, Options, Prompt, Request, Scheduler,
-};
-use switchyard_plugin_api::{EndpointMetrics, Outcome};
+use switchyard::pipeline::{build, load_registry, Prompt, Request, Scheduler};
+use switchyard_plugin_api::Outcome;
+
+#[path = "support/shape.rs"]
+mod shape;
+use shape::{fleet, load, prompt, window_ms, workspace_root, PROMPT_POOL};
 
 const PLUGIN_PACKAGES: &[&str] = &[
     "burst-prefix-cache-producer",
@@ -29,17 +30,8 @@ const PLUGIN_PACKAGES: &[&str] = &[
 ];
 const PROMPT_TOKENS: &[usize] = &[8 * 1024, 32 * 1024];
 const ENDPOINT_COUNTS: &[usize] = &[8, 64, 256];
-/// Distinct prompts the requests rotate over.
-const PROMPT_POOL: usize = 8;
 /// Samples per prompt in the burst variant (an RL rollout step's `n`).
 const BURST: usize = 16;
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("host/ sits in the workspace")
-        .to_path_buf()
-}
 
 /// Builds the plugin libraries in release mode and returns the directory holding them.
 fn release_plugin_dir() -> PathBuf {
@@ -66,42 +58,6 @@ fn release_plugin_dir() -> PathBuf {
         .join("release")
 }
 
-fn fleet(n: usize) -> Fleet {
-    Fleet::new(
-        (0..n)
-            .map(|i| Endpoint {
-                id: format!("bench/pod{i}"),
-                address: format!("127.0.0.1:{}", 9000 + i),
-                role: String::new(),
-                metrics: EndpointMetrics {
-                    running_requests: (i % 7) as u32,
-                    waiting_requests: (i % 3) as u32,
-                    kv_cache_usage: (i % 10) as f64 / 10.0,
-                    ..EndpointMetrics::default()
-                },
-            })
-            .collect(),
-    )
-}
-
-/// Prompt `k` of the pool: distinct from its first token on.
-fn prompt(k: usize, tokens: usize) -> Vec<u32> {
-    (0..tokens as u32)
-        .map(|t| t.wrapping_mul(2_654_435_761) ^ (k as u32).wrapping_mul(40_503))
-        .collect()
-}
-
-/// The window of the config's batching producer, in ms (0 when nothing batches).
-fn window_ms(scheduler: &Scheduler) -> f64 {
-    scheduler
-        .pipeline()
-        .plugins
-        .iter()
-        .filter_map(|p| p.declarations.batch())
-        .map(|b| b.window_ms as f64)
-        .fold(0.0, f64::max)
-}
-
 /// Benches one config. Each iteration places `burst` requests that arrive together (one
 /// window), sharing one prompt or, with `distinct`, each with a prompt of its own (same
 /// length); with `burst > 1` the figure covers the whole burst.
@@ -113,12 +69,7 @@ fn bench_config(
     burst: usize,
     distinct: bool,
 ) {
-    let path = workspace_root().join("configs").join(file);
-    let config = LoadedConfig::read(&path).unwrap_or_else(|e| panic!("{e}"));
-    let options = Options {
-        allow_experimental_plugins: true,
-        plugin_dirs: vec![plugin_dir.to_path_buf()],
-    };
+    let (config, options) = load(file, plugin_dir);
     let registry = load_registry(&config, &options).unwrap_or_else(|e| panic!("{e}"));
 
     let mut group = c.benchmark_group(format!("decision/{label}"));

@@ -7,47 +7,14 @@
 //! libraries are loaded from `target/release` (build them with `cargo build --release
 //! --workspace` first).
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use switchyard::config::LoadedConfig;
-use switchyard::pipeline::{
-    build, load_registry, Endpoint, Fleet, Options, Prompt, Request, Scheduler,
-};
-use switchyard_plugin_api::{EndpointMetrics, Outcome};
+use switchyard::pipeline::{build, load_registry, Prompt, Request, Scheduler};
+use switchyard_plugin_api::Outcome;
 
-const PROMPT_POOL: usize = 8;
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("host/ sits in the workspace")
-        .to_path_buf()
-}
-
-fn fleet(n: usize) -> Fleet {
-    Fleet::new(
-        (0..n)
-            .map(|i| Endpoint {
-                id: format!("bench/pod{i}"),
-                address: format!("127.0.0.1:{}", 9000 + i),
-                role: String::new(),
-                metrics: EndpointMetrics {
-                    running_requests: (i % 7) as u32,
-                    waiting_requests: (i % 3) as u32,
-                    kv_cache_usage: (i % 10) as f64 / 10.0,
-                    ..EndpointMetrics::default()
-                },
-            })
-            .collect(),
-    )
-}
-
-fn prompt(k: usize, tokens: usize) -> Vec<u32> {
-    (0..tokens as u32)
-        .map(|t| t.wrapping_mul(2_654_435_761) ^ (k as u32).wrapping_mul(40_503))
-        .collect()
-}
+#[path = "../benches/support/shape.rs"]
+mod shape;
+use shape::{fleet, load, prompt, window_ms, workspace_root, PROMPT_POOL};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -59,23 +26,11 @@ fn main() {
     let tokens: usize = args.get(2).map_or(8192, |a| a.parse().expect("tokens"));
     let iterations: usize = args.get(3).map_or(2000, |a| a.parse().expect("iterations"));
 
-    let root = workspace_root();
-    let config =
-        LoadedConfig::read(&root.join("configs").join(&file)).unwrap_or_else(|e| panic!("{e}"));
-    let options = Options {
-        allow_experimental_plugins: true,
-        plugin_dirs: vec![root.join("target").join("release")],
-    };
+    let (config, options) = load(&file, &workspace_root().join("target").join("release"));
     let registry = load_registry(&config, &options).unwrap_or_else(|e| panic!("{e}"));
     let pipeline = build(&config, &registry, &options).unwrap_or_else(|e| panic!("{e}"));
     let mut scheduler = Scheduler::new(Arc::new(pipeline), fleet(endpoints), 7);
-    let window = scheduler
-        .pipeline()
-        .plugins
-        .iter()
-        .filter_map(|p| p.declarations.batch())
-        .map(|b| b.window_ms as f64)
-        .fold(0.0, f64::max);
+    let window = window_ms(&scheduler);
     let pool: Vec<Vec<u32>> = (0..PROMPT_POOL).map(|k| prompt(k, tokens)).collect();
 
     let mut now = 0.0f64;

@@ -105,8 +105,8 @@ fn check_shows_auto_created_producers() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-#[test]
-fn plugins_lists_types_with_kind_stability_api_and_source() {
+/// `switchyard plugins` for the default config, which must succeed.
+fn default_plugins_listing() -> String {
     let out = run(&[
         "plugins",
         "--config",
@@ -116,6 +116,12 @@ fn plugins_lists_types_with_kind_stability_api_and_source() {
     ]);
     let text = stdout(&out);
     assert!(out.status.success(), "{}\n{}", text, stderr(&out));
+    text
+}
+
+#[test]
+fn plugins_lists_types_with_kind_stability_api_and_source() {
+    let text = default_plugins_listing();
     let header: Vec<&str> = text.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(header, ["TYPE", "KIND", "STABILITY", "API", "SOURCE"]);
     let row = |type_name: &str| -> Vec<String> {
@@ -324,15 +330,7 @@ fn check_output_is_a_config_that_checks_the_same_for_every_example() {
 
 #[test]
 fn plugins_shows_each_types_description_and_parameter_names() {
-    let out = run(&[
-        "plugins",
-        "--config",
-        "configs/default.toml",
-        "--plugin-dir",
-        &plugin_dir_arg(),
-    ]);
-    let text = stdout(&out);
-    assert!(out.status.success(), "{}\n{}", text, stderr(&out));
+    let text = default_plugins_listing();
     let lines: Vec<&str> = text.lines().collect();
     let at = lines
         .iter()

@@ -343,7 +343,7 @@ impl Conversation {
             return Flow::End;
         }
         let body = std::mem::take(&mut self.body);
-        for echo in messages::request_body_echo(&body) {
+        for echo in messages::request_body_echo(body) {
             if let Flow::End = self.send(echo).await {
                 return Flow::End;
             }

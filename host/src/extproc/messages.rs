@@ -175,22 +175,22 @@ fn streamed(body: Vec<u8>, end_of_stream: bool) -> Option<CommonResponse> {
 }
 
 /// The request body handed back to Envoy in chunks of at most [`BODY_CHUNK`] bytes, the last
-/// one ending the stream (one empty chunk for an empty body).
-pub fn request_body_echo(body: &[u8]) -> Vec<ProcessingResponse> {
-    let mut chunks: Vec<&[u8]> = body.chunks(BODY_CHUNK).collect();
-    if chunks.is_empty() {
-        chunks.push(&[]);
+/// one ending the stream (one empty chunk for an empty body). A body that fits one chunk is
+/// moved, not copied.
+pub fn request_body_echo(body: Vec<u8>) -> Vec<ProcessingResponse> {
+    let echo = |chunk: Vec<u8>, last: bool| ProcessingResponse {
+        response: Some(Response::RequestBody(BodyResponse {
+            response: streamed(chunk, last),
+        })),
+        ..ProcessingResponse::default()
+    };
+    if body.len() <= BODY_CHUNK {
+        return vec![echo(body, true)];
     }
-    let last = chunks.len() - 1;
-    chunks
-        .into_iter()
+    let count = body.len().div_ceil(BODY_CHUNK);
+    body.chunks(BODY_CHUNK)
         .enumerate()
-        .map(|(i, chunk)| ProcessingResponse {
-            response: Some(Response::RequestBody(BodyResponse {
-                response: streamed(chunk.to_vec(), i == last),
-            })),
-            ..ProcessingResponse::default()
-        })
+        .map(|(i, chunk)| echo(chunk.to_vec(), i + 1 == count))
         .collect()
 }
 
@@ -299,7 +299,7 @@ mod tests {
     #[test]
     fn bodies_echo_in_bounded_chunks_ending_the_stream_once() {
         let body = vec![7u8; BODY_CHUNK * 2 + 5];
-        let echoes = request_body_echo(&body);
+        let echoes = request_body_echo(body.clone());
         assert_eq!(echoes.len(), 3);
         let mut total = 0;
         for (i, echo) in echoes.iter().enumerate() {
@@ -321,7 +321,7 @@ mod tests {
             total += chunk.body.len();
         }
         assert_eq!(total, body.len());
-        assert_eq!(request_body_echo(&[]).len(), 1);
+        assert_eq!(request_body_echo(Vec::new()).len(), 1);
     }
 
     #[test]

@@ -445,8 +445,10 @@ impl LiveScheduler {
                 Ok(_) => {
                     let id = decision.endpoints.first().cloned().unwrap_or_default();
                     let address = inner.addresses.get(&id).cloned().unwrap_or_default();
-                    let fallbacks = decision.endpoints[1.min(decision.endpoints.len())..]
+                    let fallbacks = decision
+                        .endpoints
                         .iter()
+                        .skip(1)
                         .filter_map(|id| inner.addresses.get(id).cloned())
                         .collect();
                     Ok(Placed {

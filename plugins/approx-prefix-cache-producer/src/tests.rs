@@ -242,19 +242,8 @@ fn hash_afresh(
 ) -> PromptHashes {
     let block_size = config.effective_block_size(Some(server));
     let max_blocks = config.max_blocks(block_size);
-    let seed = prompt_seed(&request.model, &request.cache_salt);
     let mut out = PromptHashes::new();
-    for prompt in request.prompts.iter() {
-        out.push_prompt_with(|hashes| {
-            hash_prompt_into(
-                seed,
-                &prompt.tokens,
-                block_size as usize,
-                max_blocks,
-                hashes,
-            );
-        });
-    }
+    hash_into(request, block_size, max_blocks, &mut out);
     out
 }
 
