@@ -66,6 +66,35 @@ fn a_library_built_against_an_older_minor_loads_and_works() {
         .extension(switchyard_plugin_api::sdk::extensions::STATE, "")
         .expect_err("unknown to 1.0");
     assert_eq!(error.kind, switchyard_plugin_api::ErrorKind::Unsupported);
+    let error = scorer
+        .extension(switchyard_plugin_api::sdk::extensions::BATCH_QUIET, "")
+        .expect_err("unknown to 1.0");
+    assert_eq!(error.kind, switchyard_plugin_api::ErrorKind::Unsupported);
+}
+
+#[test]
+fn a_library_built_against_1_1_loads_and_keeps_the_fixed_window() {
+    const { assert!(ApiVersion::CURRENT.minor >= 2, "the host is at least 1.2") };
+    let library = load_library(&fixture_library("minor-1-1-plugin")).expect("loads");
+    assert_eq!(
+        (library.api_version().major, library.api_version().minor),
+        (1, 1)
+    );
+    let producer = library
+        .create("minor-1-1-producer", "batching", "null")
+        .expect("creates");
+    let declared = producer.declarations();
+    assert_eq!(declared.batch().map(|b| b.window_ms), Some(50));
+    // 1.1's own capability works.
+    let state = producer
+        .extension(switchyard_plugin_api::sdk::extensions::STATE, "")
+        .expect("known to 1.1");
+    assert_eq!(state, r#"{"built against":"1.1"}"#);
+    // The quiet gap arrived in 1.2: a 1.1 library does not know it, so its window stays fixed.
+    let error = producer
+        .extension(switchyard_plugin_api::sdk::extensions::BATCH_QUIET, "")
+        .expect_err("unknown to 1.1");
+    assert_eq!(error.kind, switchyard_plugin_api::ErrorKind::Unsupported);
 }
 
 #[test]
