@@ -233,11 +233,15 @@ impl Producer for BurstProducer {
         // business: co-locating them here would gain nothing and would pull them away.
         let mut placed_counts = std::borrow::Cow::Borrowed(&counts);
         if self.config.cached_match_producer().is_some() {
-            let lone = lone_requests(&entries, &counts, self.config.colocate_blocks());
-            for (i, item) in items.iter().enumerate() {
-                if lone[i] && cached_somewhere(item) {
-                    entries[i] = &[];
-                    placed_counts.to_mut()[i] = 0;
+            let cached: Vec<bool> = items.iter().map(cached_somewhere).collect();
+            // A burst of fresh prompts, cached nowhere, skips the search for lone requests.
+            if cached.contains(&true) {
+                let lone = lone_requests(&entries, &counts, self.config.colocate_blocks());
+                for (i, (&lone, &cached)) in lone.iter().zip(&cached).enumerate() {
+                    if lone && cached {
+                        entries[i] = &[];
+                        placed_counts.to_mut()[i] = 0;
+                    }
                 }
             }
         }
