@@ -4,7 +4,10 @@
 
 use switchyard_plugin_api::ffi::{RSlice, RStr, RString};
 use switchyard_plugin_api::loading::{load_library, LoadProblem};
-use switchyard_plugin_api::{ApiVersion, AttrView, EndpointMetrics, EndpointView, RequestView};
+use switchyard_plugin_api::sdk::extensions;
+use switchyard_plugin_api::{
+    ApiVersion, AttrView, EndpointMetrics, EndpointView, PluginInstance, RequestView,
+};
 use switchyard_tests::{fixture_library, plugin_dir};
 
 fn endpoint(slot: u32) -> EndpointView<'static> {
@@ -60,16 +63,20 @@ fn a_library_built_against_an_older_minor_loads_and_works() {
         .expect("scores");
     assert_eq!(scores, [0.5, 0.5]);
 
-    // The `state` capability arrived in 1.1: a 1.0 library does not know it, and says so
-    // instead of failing to load.
-    let error = scorer
-        .extension(switchyard_plugin_api::sdk::extensions::STATE, "")
-        .expect_err("unknown to 1.0");
-    assert_eq!(error.kind, switchyard_plugin_api::ErrorKind::Unsupported);
-    let error = scorer
-        .extension(switchyard_plugin_api::sdk::extensions::BATCH_QUIET, "")
-        .expect_err("unknown to 1.0");
-    assert_eq!(error.kind, switchyard_plugin_api::ErrorKind::Unsupported);
+    // The `state` capability arrived in 1.1 and `batch_quiet` in 1.2: a 1.0 library knows
+    // neither, and says so instead of failing to load.
+    assert_unsupported(&scorer, extensions::STATE);
+    assert_unsupported(&scorer, extensions::BATCH_QUIET);
+}
+
+/// The instance answers that it does not provide the capability `name`.
+fn assert_unsupported(instance: &PluginInstance, name: &str) {
+    let error = instance.extension(name, "").expect_err(name);
+    assert_eq!(
+        error.kind,
+        switchyard_plugin_api::ErrorKind::Unsupported,
+        "{name}"
+    );
 }
 
 #[test]
@@ -87,14 +94,11 @@ fn a_library_built_against_1_1_loads_and_keeps_the_fixed_window() {
     assert_eq!(declared.batch().map(|b| b.window_ms), Some(50));
     // 1.1's own capability works.
     let state = producer
-        .extension(switchyard_plugin_api::sdk::extensions::STATE, "")
+        .extension(extensions::STATE, "")
         .expect("known to 1.1");
     assert_eq!(state, r#"{"built against":"1.1"}"#);
     // The quiet gap arrived in 1.2: a 1.1 library does not know it, so its window stays fixed.
-    let error = producer
-        .extension(switchyard_plugin_api::sdk::extensions::BATCH_QUIET, "")
-        .expect_err("unknown to 1.1");
-    assert_eq!(error.kind, switchyard_plugin_api::ErrorKind::Unsupported);
+    assert_unsupported(&producer, extensions::BATCH_QUIET);
 }
 
 #[test]
@@ -103,12 +107,7 @@ fn current_libraries_answer_the_state_capability() {
     let library = load_library(&path).expect("loads");
     assert_eq!(library.api_version(), ApiVersion::CURRENT);
     let scorer = library.create("panicking-scorer", "p", "null").unwrap();
-    assert_eq!(
-        scorer
-            .extension(switchyard_plugin_api::sdk::extensions::STATE, "")
-            .unwrap(),
-        "null"
-    );
+    assert_eq!(scorer.extension(extensions::STATE, "").unwrap(), "null");
 }
 
 #[test]
