@@ -671,3 +671,51 @@ fn warn_unused(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use switchyard_plugin_api::sdk::{Declare, Instance, ProduceBatch, Producer};
+    use switchyard_plugin_api::{BatchPolicy, PluginError, ProduceItem};
+
+    /// A batching producer with a 50 ms window and the given quiet gap.
+    struct Quiet(Option<u64>);
+
+    impl Producer for Quiet {
+        fn declare(&self) -> Declare {
+            let mut declared = Declare::default();
+            declared.batch = Some(BatchPolicy {
+                window_ms: 50,
+                max_batch: -1,
+            });
+            declared.batch_quiet_ms = self.0;
+            declared
+        }
+
+        fn produce(
+            &self,
+            _: &[ProduceItem<'_>],
+            _: &mut ProduceBatch<'_>,
+        ) -> Result<(), PluginError> {
+            Ok(())
+        }
+    }
+
+    fn quiet_gap(declared: Option<u64>) -> Option<u64> {
+        let object = Instance::producer(Quiet(declared)).into_ffi();
+        super::batch_quiet_ms(&object, 50)
+    }
+
+    #[test]
+    fn a_quiet_gap_inside_the_window_is_kept_and_any_other_answer_means_the_fixed_window() {
+        assert_eq!(quiet_gap(Some(10)), Some(10));
+        assert_eq!(quiet_gap(Some(49)), Some(49));
+        assert_eq!(quiet_gap(None), None);
+        assert_eq!(quiet_gap(Some(0)), None);
+        assert_eq!(
+            quiet_gap(Some(50)),
+            None,
+            "seals no earlier than the window"
+        );
+        assert_eq!(quiet_gap(Some(500)), None);
+    }
+}
