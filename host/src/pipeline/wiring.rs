@@ -682,13 +682,14 @@ mod tests {
 
     impl Producer for Quiet {
         fn declare(&self) -> Declare {
-            let mut declared = Declare::default();
-            declared.batch = Some(BatchPolicy {
-                window_ms: 50,
-                max_batch: -1,
-            });
-            declared.batch_quiet_ms = self.0;
-            declared
+            Declare {
+                batch: Some(BatchPolicy {
+                    window_ms: 50,
+                    max_batch: -1,
+                }),
+                batch_quiet_ms: self.0,
+                ..Declare::default()
+            }
         }
 
         fn produce(
