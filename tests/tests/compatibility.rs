@@ -3,7 +3,7 @@
 //! short message.
 
 use switchyard_plugin_api::ffi::{RSlice, RStr, RString};
-use switchyard_plugin_api::loading::{load_library, LoadProblem};
+use switchyard_plugin_api::loading::{load_library, LoadProblem, LoadedLibrary};
 use switchyard_plugin_api::sdk::extensions;
 use switchyard_plugin_api::{
     ApiVersion, AttrView, EndpointMetrics, EndpointView, PluginInstance, RequestView,
@@ -37,11 +37,7 @@ fn request() -> RequestView<'static> {
 #[test]
 fn a_library_built_against_an_older_minor_loads_and_works() {
     const { assert!(ApiVersion::CURRENT.minor >= 1, "the host is at least 1.1") };
-    let library = load_library(&fixture_library("older-minor-plugin")).expect("loads");
-    assert_eq!(
-        (library.api_version().major, library.api_version().minor),
-        (1, 0)
-    );
+    let library = load_older_minor("older-minor-plugin", 0);
     let types = library.types();
     assert_eq!(types.len(), 1);
     assert_eq!(types[0].type_name.as_str(), "older-minor-scorer");
@@ -69,6 +65,14 @@ fn a_library_built_against_an_older_minor_loads_and_works() {
     assert_unsupported(&scorer, extensions::BATCH_QUIET);
 }
 
+/// Loads a fixture library and checks that it was built against API 1.`minor`.
+fn load_older_minor(fixture: &str, minor: u32) -> LoadedLibrary {
+    let library = load_library(&fixture_library(fixture)).expect("loads");
+    let version = library.api_version();
+    assert_eq!((version.major, version.minor), (1, minor), "{fixture}");
+    library
+}
+
 /// The instance answers that it does not provide the capability `name`.
 fn assert_unsupported(instance: &PluginInstance, name: &str) {
     let error = instance.extension(name, "").expect_err(name);
@@ -82,11 +86,7 @@ fn assert_unsupported(instance: &PluginInstance, name: &str) {
 #[test]
 fn a_library_built_against_1_1_loads_and_keeps_the_fixed_window() {
     const { assert!(ApiVersion::CURRENT.minor >= 2, "the host is at least 1.2") };
-    let library = load_library(&fixture_library("minor-1-1-plugin")).expect("loads");
-    assert_eq!(
-        (library.api_version().major, library.api_version().minor),
-        (1, 1)
-    );
+    let library = load_older_minor("minor-1-1-plugin", 1);
     let producer = library
         .create("minor-1-1-producer", "batching", "null")
         .expect("creates");
