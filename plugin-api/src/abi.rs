@@ -170,7 +170,9 @@ pub struct ConsumedKey {
 }
 
 /// A producer's request to be called once per batch of requests gathered over a window.
-/// The window opens at the first request, seals `window_ms` later and does not slide.
+/// The window opens at the first request, seals `window_ms` later and does not slide; since
+/// 1.2 a producer may also declare a quiet gap that seals it sooner (the `batch_quiet`
+/// capability), without changing this type.
 #[repr(C)]
 #[derive(StableAbi, Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchPolicy {

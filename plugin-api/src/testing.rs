@@ -620,6 +620,17 @@ impl Harness {
             .map_err(|e| PluginError::failed(format!("state is not JSON: {e}")))?;
         Ok((!value.is_null()).then_some(value))
     }
+
+    /// The quiet gap the instance's batch window declares (the `batch_quiet` extension),
+    /// `None` for a fixed window.
+    #[cfg(not(feature = "api-1-1"))]
+    pub fn batch_quiet_ms(&self) -> Result<Option<u64>, PluginError> {
+        let text = self
+            .instance
+            .extension(crate::sdk::extensions::BATCH_QUIET, "")?;
+        serde_json::from_str(&text)
+            .map_err(|e| PluginError::failed(format!("batch_quiet is not a number: {e}")))
+    }
 }
 
 fn attr_view<'a>(values: &'a [AttrValue], rows: &'a [u32], width: usize) -> AttrView<'a> {

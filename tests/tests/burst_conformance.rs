@@ -27,6 +27,8 @@ struct Setup {
     balance_by: &'static str,
     block_size: u64,
     max_batch_size: i64,
+    /// switchyard's `windowQuietMs`; 0 leaves it out of the config.
+    window_quiet_ms: u64,
 }
 
 impl Setup {
@@ -39,6 +41,7 @@ impl Setup {
             balance_by: "requests",
             block_size: 1,
             max_batch_size: -1,
+            window_quiet_ms: 0,
         }
     }
 
@@ -55,7 +58,7 @@ impl Setup {
              [[plugins]]\ntype = \"burst-prefix-cache-producer\"\n\
              [plugins.parameters]\n\
              windowDurationMs = {}\nmaxPerReplica = {}\nblockSizeTokens = {}\n\
-             minColocateBlocks = {}\nmaxBatchSize = {}\nbalanceBy = \"{}\"\n\
+             minColocateBlocks = {}\nmaxBatchSize = {}\nbalanceBy = \"{}\"\n{}\
              [[plugins]]\ntype = \"prefix-cache-scorer\"\n\
              [plugins.parameters]\nprefixMatchInfoProducerName = \"{PRODUCER}\"\n\
              [[plugins]]\ntype = \"max-score-picker\"\n",
@@ -66,6 +69,11 @@ impl Setup {
             self.min_colocate_blocks,
             self.max_batch_size,
             self.balance_by,
+            if self.window_quiet_ms > 0 {
+                format!("windowQuietMs = {}\n", self.window_quiet_ms)
+            } else {
+                String::new()
+            },
         )
     }
 
@@ -466,6 +474,49 @@ fn window_opens_at_first_request_and_does_not_slide() {
         (150.0, 250.0, 1)
     );
     assert_eq!(assigned(&second[0], 2, 1, 2), None, "alone in its window");
+}
+
+#[test]
+fn a_quiet_window_seals_once_arrivals_pause_and_never_after_the_window() {
+    let setup = Setup {
+        window_ms: 100,
+        window_quiet_ms: 10,
+        ..Setup::new(2, -1, 0)
+    };
+    let mut scheduler = setup.scheduler("quiet");
+    assert!(scheduler.submit(request("a", &[1, 2]), 0.0).is_empty());
+    assert_eq!(scheduler.next_deadline(), Some(10.0));
+    assert!(scheduler.submit(request("b", &[1, 2]), 5.0).is_empty());
+    assert_eq!(
+        scheduler.next_deadline(),
+        Some(15.0),
+        "each arrival moves the seal"
+    );
+    assert!(scheduler.submit(request("c", &[1, 2]), 14.0).is_empty());
+    assert!(scheduler.advance(23.0).is_empty());
+    let sealed = scheduler.advance(24.0);
+    assert_eq!(sealed.len(), 3);
+    for d in &sealed {
+        let window = d.record.as_ref().unwrap().window.clone().unwrap();
+        assert_eq!(
+            (window.opened_ms, window.sealed_ms, window.batch_size),
+            (0.0, 24.0, 3)
+        );
+        assert_eq!(d.decided_ms, 24.0, "the wait ends at the seal");
+        assert_eq!(assigned(d, 2, 1, 2), Some("pod1".into()));
+    }
+    // Arrivals that never pause for 10 ms: the window still seals 100 ms after it opened.
+    for k in 0..12 {
+        let at = 200.0 + 9.0 * f64::from(k);
+        assert!(scheduler
+            .submit(request(&format!("r{k}"), &[3, 4]), at)
+            .is_empty());
+    }
+    assert_eq!(scheduler.next_deadline(), Some(300.0));
+    let sealed = scheduler.advance(300.0);
+    assert_eq!(sealed.len(), 12);
+    // The reference's fixed window is unchanged without the parameter: see
+    // `window_opens_at_first_request_and_does_not_slide`.
 }
 
 #[test]

@@ -69,8 +69,8 @@ fn check_prints_the_effective_default_config() {
     assert!(text.contains("libburst_prefix_cache_producer.so"), "{text}");
     assert!(
         text.contains(
-            "# producer order: \"token-producer\", \"burst-prefix-cache-producer\", \
-             \"inflight-load-producer\""
+            "# producer order: \"token-producer\", \"approx-prefix-cache-producer\", \
+             \"burst-prefix-cache-producer\", \"inflight-load-producer\""
         ),
         "{text}"
     );
@@ -189,10 +189,11 @@ fn replay_writes_one_line_per_request_with_records() {
     assert_eq!(lines.len(), 3, "{text}");
     let ids: Vec<&str> = lines.iter().map(|l| l["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["a", "b", "c"]);
-    // a and b share the window opened at 0 and sealed at 100: co-located on one replica.
+    // a and b share the window opened at 0, sealed 2 ms after b arrived (`windowQuietMs`):
+    // co-located on one replica.
     assert_eq!(lines[0]["endpoints"], lines[1]["endpoints"]);
     for line in &lines[..2] {
-        assert_eq!(line["decided_ms"], 100.0);
+        assert_eq!(line["decided_ms"], 3.0);
         assert_eq!(line["endpoints"].as_array().unwrap().len(), 1);
         let decision = &line["decision"];
         assert_eq!(decision["window"]["batch_size"], 2);
@@ -201,7 +202,7 @@ fn replay_writes_one_line_per_request_with_records() {
         assert_eq!(decision["candidates"].as_array().unwrap().len(), 4);
     }
     // c is alone in a window opened at 500.
-    assert_eq!(lines[2]["decided_ms"], 600.0);
+    assert_eq!(lines[2]["decided_ms"], 502.0);
     assert_eq!(lines[2]["decision"]["window"]["batch_size"], 1);
     assert_eq!(lines[2]["endpoints"].as_array().unwrap().len(), 1);
     let _ = std::fs::remove_dir_all(dir);

@@ -3,8 +3,11 @@
 //! short message.
 
 use switchyard_plugin_api::ffi::{RSlice, RStr, RString};
-use switchyard_plugin_api::loading::{load_library, LoadProblem};
-use switchyard_plugin_api::{ApiVersion, AttrView, EndpointMetrics, EndpointView, RequestView};
+use switchyard_plugin_api::loading::{load_library, LoadProblem, LoadedLibrary};
+use switchyard_plugin_api::sdk::extensions;
+use switchyard_plugin_api::{
+    ApiVersion, AttrView, EndpointMetrics, EndpointView, PluginInstance, RequestView,
+};
 use switchyard_tests::{fixture_library, plugin_dir};
 
 fn endpoint(slot: u32) -> EndpointView<'static> {
@@ -34,11 +37,7 @@ fn request() -> RequestView<'static> {
 #[test]
 fn a_library_built_against_an_older_minor_loads_and_works() {
     const { assert!(ApiVersion::CURRENT.minor >= 1, "the host is at least 1.1") };
-    let library = load_library(&fixture_library("older-minor-plugin")).expect("loads");
-    assert_eq!(
-        (library.api_version().major, library.api_version().minor),
-        (1, 0)
-    );
+    let library = load_older_minor("older-minor-plugin", 0);
     let types = library.types();
     assert_eq!(types.len(), 1);
     assert_eq!(types[0].type_name.as_str(), "older-minor-scorer");
@@ -60,12 +59,46 @@ fn a_library_built_against_an_older_minor_loads_and_works() {
         .expect("scores");
     assert_eq!(scores, [0.5, 0.5]);
 
-    // The `state` capability arrived in 1.1: a 1.0 library does not know it, and says so
-    // instead of failing to load.
-    let error = scorer
-        .extension(switchyard_plugin_api::sdk::extensions::STATE, "")
-        .expect_err("unknown to 1.0");
-    assert_eq!(error.kind, switchyard_plugin_api::ErrorKind::Unsupported);
+    // The `state` capability arrived in 1.1 and `batch_quiet` in 1.2: a 1.0 library knows
+    // neither, and says so instead of failing to load.
+    assert_unsupported(&scorer, extensions::STATE);
+    assert_unsupported(&scorer, extensions::BATCH_QUIET);
+}
+
+/// Loads a fixture library and checks that it was built against API 1.`minor`.
+fn load_older_minor(fixture: &str, minor: u32) -> LoadedLibrary {
+    let library = load_library(&fixture_library(fixture)).expect("loads");
+    let version = library.api_version();
+    assert_eq!((version.major, version.minor), (1, minor), "{fixture}");
+    library
+}
+
+/// The instance answers that it does not provide the capability `name`.
+fn assert_unsupported(instance: &PluginInstance, name: &str) {
+    let error = instance.extension(name, "").expect_err(name);
+    assert_eq!(
+        error.kind,
+        switchyard_plugin_api::ErrorKind::Unsupported,
+        "{name}"
+    );
+}
+
+#[test]
+fn a_library_built_against_1_1_loads_and_keeps_the_fixed_window() {
+    const { assert!(ApiVersion::CURRENT.minor >= 2, "the host is at least 1.2") };
+    let library = load_older_minor("minor-1-1-plugin", 1);
+    let producer = library
+        .create("minor-1-1-producer", "batching", "null")
+        .expect("creates");
+    let declared = producer.declarations();
+    assert_eq!(declared.batch().map(|b| b.window_ms), Some(50));
+    // 1.1's own capability works.
+    let state = producer
+        .extension(extensions::STATE, "")
+        .expect("known to 1.1");
+    assert_eq!(state, r#"{"built against":"1.1"}"#);
+    // The quiet gap arrived in 1.2: a 1.1 library does not know it, so its window stays fixed.
+    assert_unsupported(&producer, extensions::BATCH_QUIET);
 }
 
 #[test]
@@ -74,12 +107,7 @@ fn current_libraries_answer_the_state_capability() {
     let library = load_library(&path).expect("loads");
     assert_eq!(library.api_version(), ApiVersion::CURRENT);
     let scorer = library.create("panicking-scorer", "p", "null").unwrap();
-    assert_eq!(
-        scorer
-            .extension(switchyard_plugin_api::sdk::extensions::STATE, "")
-            .unwrap(),
-        "null"
-    );
+    assert_eq!(scorer.extension(extensions::STATE, "").unwrap(), "null");
 }
 
 #[test]

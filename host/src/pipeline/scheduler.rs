@@ -628,6 +628,12 @@ impl Scheduler {
             if policy.max_batch < 0 || (window.members.len() as i64) < policy.max_batch {
                 ticket.next_producer = position;
                 window.members.push(ticket);
+                // A window that seals once arrivals pause: each request that joins moves the
+                // seal to a quiet gap after itself, never past the declared window.
+                if let Some(quiet) = wired.batch_quiet_ms {
+                    let latest = window.opened_ms + policy.window_ms as f64;
+                    window.seal_ms = (now_ms + quiet as f64).min(latest);
+                }
                 return;
             }
             self.stats[plugin].batch_overflows += 1;

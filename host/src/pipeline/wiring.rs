@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
+use switchyard_plugin_api::sdk::extensions;
 
 use switchyard_plugin_api::{
     keys, AttrValue, DataKey, Declarations, PluginInstance, PluginKind, Stability,
@@ -33,6 +34,9 @@ pub struct WiredPlugin {
     pub stability: Stability,
     pub object: PluginInstance,
     pub declarations: Declarations,
+    /// With a batch window: the quiet gap after which the window seals early (the
+    /// `batch_quiet` capability, since API 1.2); `None` for the fixed window.
+    pub batch_quiet_ms: Option<u64>,
     /// Created because a consumer required its data, not listed in the config.
     pub auto_created: bool,
     /// Its work is done by the host itself (the built-in token producer: the host tokenizes
@@ -284,6 +288,15 @@ fn alpha_refusal(type_name: &str) -> String {
     )
 }
 
+/// A batching producer's quiet gap, asked once at wiring. A library older than API 1.2 answers
+/// `Unsupported`, and any answer that is not a whole number of milliseconds in
+/// `1..window_ms` leaves the fixed window.
+fn batch_quiet_ms(object: &PluginInstance, window_ms: u64) -> Option<u64> {
+    let answer = object.extension(extensions::BATCH_QUIET, "").ok()?;
+    let quiet: u64 = serde_json::from_str::<Option<u64>>(&answer).ok()??;
+    (1..window_ms).contains(&quiet).then_some(quiet)
+}
+
 fn wire_instance(
     name: String,
     plugin_type: &crate::plugins::PluginType,
@@ -295,6 +308,9 @@ fn wire_instance(
         let _call = crate::plugins::crash_note::enter(&call_label, "declare");
         object.declarations()
     };
+    let batch_quiet_ms = declarations
+        .batch()
+        .and_then(|policy| batch_quiet_ms(&object, policy.window_ms));
     let produced_checks = declarations
         .produces
         .iter()
@@ -310,6 +326,7 @@ fn wire_instance(
         stability: plugin_type.stability(),
         object,
         declarations,
+        batch_quiet_ms,
         auto_created,
         host_native: plugin_type.source == Source::Builtin
             && plugin_type.name() == super::tokenize::TYPE_NAME,
@@ -652,5 +669,54 @@ fn warn_unused(
         if !used {
             tracing::warn!(plugin = %plugin.label(), "plugin is configured but not used by the profile");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use switchyard_plugin_api::sdk::{Declare, Instance, ProduceBatch, Producer};
+    use switchyard_plugin_api::{BatchPolicy, PluginError, ProduceItem};
+
+    /// A batching producer with a 50 ms window and the given quiet gap.
+    struct Quiet(Option<u64>);
+
+    impl Producer for Quiet {
+        fn declare(&self) -> Declare {
+            Declare {
+                batch: Some(BatchPolicy {
+                    window_ms: 50,
+                    max_batch: -1,
+                }),
+                batch_quiet_ms: self.0,
+                ..Declare::default()
+            }
+        }
+
+        fn produce(
+            &self,
+            _: &[ProduceItem<'_>],
+            _: &mut ProduceBatch<'_>,
+        ) -> Result<(), PluginError> {
+            Ok(())
+        }
+    }
+
+    fn quiet_gap(declared: Option<u64>) -> Option<u64> {
+        let object = Instance::producer(Quiet(declared)).into_ffi();
+        super::batch_quiet_ms(&object, 50)
+    }
+
+    #[test]
+    fn a_quiet_gap_inside_the_window_is_kept_and_any_other_answer_means_the_fixed_window() {
+        assert_eq!(quiet_gap(Some(10)), Some(10));
+        assert_eq!(quiet_gap(Some(49)), Some(49));
+        assert_eq!(quiet_gap(None), None);
+        assert_eq!(quiet_gap(Some(0)), None);
+        assert_eq!(
+            quiet_gap(Some(50)),
+            None,
+            "seals no earlier than the window"
+        );
+        assert_eq!(quiet_gap(Some(500)), None);
     }
 }

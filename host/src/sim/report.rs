@@ -261,7 +261,7 @@ pub fn write_reports(dir: &Path, reports: &[PipelineReport]) -> std::io::Result<
 
 /// One row per pipeline with the key figures, columns aligned, for a terminal.
 pub fn render_table(reports: &[PipelineReport]) -> String {
-    const HEADER: [&str; 11] = [
+    const HEADER: [&str; 12] = [
         "pipeline",
         "done",
         "rejected",
@@ -272,9 +272,10 @@ pub fn render_table(reports: &[PipelineReport]) -> String {
         "TTFT p99 ms",
         "E2E p99 ms",
         "peak load max/mean",
+        "requests/replica min-max",
         "prefills/prompt",
     ];
-    let rows: Vec<[String; 11]> = reports
+    let rows: Vec<[String; 12]> = reports
         .iter()
         .map(|r| {
             [
@@ -288,6 +289,7 @@ pub fn render_table(reports: &[PipelineReport]) -> String {
                 format!("{:.1}", r.ttft_ms.p99),
                 format!("{:.1}", r.e2e_ms.p99),
                 format!("{}/{:.1}", r.replica_load.max, r.replica_load.mean),
+                served_range(&r.replica_load.served_per_replica),
                 r.prefills_per_prompt_per_step
                     .map_or_else(|| "-".to_string(), |v| format!("{v:.2}")),
             ]
@@ -317,6 +319,14 @@ pub fn render_table(reports: &[PipelineReport]) -> String {
         line(&mut row.iter().map(String::as_str));
     }
     out
+}
+
+/// The fewest and most requests sent to one replica, `min-max` (`-` without replicas).
+fn served_range(served: &[u64]) -> String {
+    match (served.iter().min(), served.iter().max()) {
+        (Some(min), Some(max)) => format!("{min}-{max}"),
+        _ => "-".to_string(),
+    }
 }
 
 #[cfg(test)]

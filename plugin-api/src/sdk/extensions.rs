@@ -9,3 +9,10 @@
 /// ignored.
 #[cfg(not(feature = "api-1-0"))]
 pub const STATE: &str = "state";
+
+/// Since 1.2: when a batching producer seals its window early, the quiet gap in milliseconds
+/// (`Declare::batch_quiet_ms`): the host seals an open window once no request has joined it
+/// for that long, and still no later than the declared window after it opened. Answers a JSON
+/// number, or `null` for the fixed window. Input is ignored.
+#[cfg(not(feature = "api-1-1"))]
+pub const BATCH_QUIET: &str = "batch_quiet";

@@ -30,6 +30,11 @@ pub struct Declare {
     pub batch: Option<BatchPolicy>,
     /// Time budget of one produce call in milliseconds; `None` keeps the host's default.
     pub timeout_ms: Option<u64>,
+    /// Since 1.2, with `batch` set: seal the window once no request has joined it for this
+    /// many milliseconds (still at most `window_ms` after it opened); `None` keeps the fixed
+    /// window. A host older than 1.2 never asks and keeps the fixed window.
+    #[cfg(not(feature = "api-1-1"))]
+    pub batch_quiet_ms: Option<u64>,
 }
 
 impl Declare {

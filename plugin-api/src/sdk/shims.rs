@@ -280,6 +280,14 @@ unsafe extern "C" fn extension(
                 .unwrap_or(serde_json::Value::Null)
                 .to_string()
                 .into()),
+            #[cfg(not(feature = "api-1-1"))]
+            super::extensions::BATCH_QUIET => {
+                let declared = this.declare();
+                Ok(match (declared.batch, declared.batch_quiet_ms) {
+                    (Some(_), Some(ms)) => ms.to_string().into(),
+                    _ => "null".into(),
+                })
+            }
             other => {
                 let _ = this;
                 Err(PluginError::unsupported(format!(

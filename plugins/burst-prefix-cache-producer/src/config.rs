@@ -93,6 +93,12 @@ pub struct BurstConfig {
     pub balance_by: String,
     /// `"reference"` or `"fairShare"` (see [`Assignment`]); a switchyard extension.
     pub assignment: String,
+    /// Seal the window once no request has joined it for this many milliseconds, still at
+    /// most `windowDurationMs` after it opened; 0 keeps the fixed window. A switchyard extension.
+    pub window_quiet_ms: i64,
+    /// Producer of `PrefixCacheMatchInfo` estimating what the replicas already cache (such as
+    /// `approx-prefix-cache-producer`); empty for none. A switchyard extension.
+    pub cached_match_producer_name: String,
 }
 
 impl Default for BurstConfig {
@@ -106,6 +112,8 @@ impl Default for BurstConfig {
             max_batch_size: 1000,
             balance_by: "requests".to_owned(),
             assignment: "reference".to_owned(),
+            window_quiet_ms: 0,
+            cached_match_producer_name: String::new(),
         }
     }
 }
@@ -219,6 +227,16 @@ impl BurstConfig {
             }
             Some(_) => {}
         }
+        if !(0..=self.window_duration_ms).contains(&self.window_quiet_ms) {
+            return fail(
+                "windowQuietMs",
+                format!(
+                    "windowQuietMs must be in 0..=windowDurationMs ({}) (got {}); 0 keeps the \
+                     fixed window",
+                    self.window_duration_ms, self.window_quiet_ms
+                ),
+            );
+        }
         Ok(())
     }
 
@@ -258,6 +276,19 @@ impl BurstConfig {
     /// Batch window length in milliseconds.
     pub fn window_ms(&self) -> u64 {
         u64::try_from(self.window_duration_ms).unwrap_or(0)
+    }
+
+    /// Quiet gap that seals a window early; `None` for the fixed window (also when the gap is
+    /// the whole window, which seals no earlier).
+    pub fn quiet_ms(&self) -> Option<u64> {
+        (self.window_quiet_ms > 0 && self.window_quiet_ms < self.window_duration_ms)
+            .then(|| u64::try_from(self.window_quiet_ms).unwrap_or(0))
+    }
+
+    /// The producer whose cache estimates leave lone requests to the scorers, if any.
+    pub fn cached_match_producer(&self) -> Option<&str> {
+        (!self.cached_match_producer_name.is_empty())
+            .then_some(self.cached_match_producer_name.as_str())
     }
 
     /// The placement ([`Assignment::Reference`] if the value is invalid).

@@ -143,16 +143,30 @@ fn group_ends(line: &[usize], entries: &[&[u64]]) -> Vec<usize> {
 /// group first.
 fn lay_out(entries: &[&[u64]], blocks: &[usize], min_blocks: usize) -> Vec<usize> {
     use std::collections::HashMap;
-    let mut group_of_key: HashMap<&[u64], usize> = HashMap::new();
+    // Groups are looked up by length and last hash, which stands for the whole chain, so a
+    // lookup hashes two words instead of the list; the list itself is then compared, and a
+    // different list under the same key (a hash collision) is found by a scan.
+    let mut group_of_key: HashMap<(usize, u64), usize> = HashMap::new();
     let mut groups: Vec<Vec<usize>> = Vec::new();
     for (i, key) in entries.iter().enumerate() {
         if blocks[i] == 0 {
             continue;
         }
-        let g = if key.is_empty() {
-            groups.len()
-        } else {
-            *group_of_key.entry(key).or_insert(groups.len())
+        let g = match key.last() {
+            None => groups.len(),
+            Some(&last) => {
+                let first = *group_of_key
+                    .entry((key.len(), last))
+                    .or_insert(groups.len());
+                if first == groups.len() || entries[groups[first][0]] == *key {
+                    first
+                } else {
+                    groups
+                        .iter()
+                        .position(|members| entries[members[0]] == *key)
+                        .unwrap_or(groups.len())
+                }
+            }
         };
         if g == groups.len() {
             groups.push(Vec::new());

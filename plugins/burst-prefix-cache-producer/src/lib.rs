@@ -24,6 +24,9 @@ use fair_share::assign_fair_share;
 /// Position of `PrefixCacheMatchInfo` in the declared produced keys.
 const PRODUCES_MATCH_INFO: usize = 0;
 
+/// Position of the cache estimates (`cachedMatchProducerName`) in the declared consumed keys.
+const CONSUMES_CACHED_MATCH: usize = 1;
+
 /// Margin on top of the window for one produce call, as in the reference.
 const TIMEOUT_MARGIN_MS: u64 = 300;
 
@@ -96,6 +99,24 @@ pub static FACTORY: PluginFactory = PluginFactory {
                           fairShare (switchyard's): every request placed, groups laid end to \
                           end and cut into equal shares over the replicas' carried load.",
         },
+        Param {
+            name: "windowQuietMs",
+            value_type: "integer",
+            default: "0",
+            range: "0..=windowDurationMs",
+            description: "Switchyard's: seal the window once no request has joined it for \
+                          this long, still within windowDurationMs; 0 keeps the fixed window.",
+        },
+        Param {
+            name: "cachedMatchProducerName",
+            value_type: "string",
+            default: "\"\"",
+            range: "empty | a producer of PrefixCacheMatchInfo",
+            description: "Switchyard's: a producer of cache estimates (such as \
+                          approx-prefix-cache-producer); a request no other request of the \
+                          window shares, already cached in part on a candidate, gets no \
+                          affinity here and is left to the scorers. Empty: none.",
+        },
     ],
     create,
 };
@@ -120,10 +141,14 @@ impl Producer for BurstProducer {
         let mut declared = Declare::default()
             .produces(PREFIX_CACHE_MATCH_INFO, &self.name)
             .requires(TOKENIZED_PROMPT, TOKEN_PRODUCER);
+        if let Some(producer) = self.config.cached_match_producer() {
+            declared = declared.requires(PREFIX_CACHE_MATCH_INFO, producer);
+        }
         declared.batch = Some(BatchPolicy {
             window_ms,
             max_batch: self.config.max_batch_size,
         });
+        declared.batch_quiet_ms = self.config.quiet_ms();
         declared.timeout_ms = Some(window_ms + TIMEOUT_MARGIN_MS);
         declared
     }
@@ -196,7 +221,7 @@ impl Producer for BurstProducer {
             }
             ends.push(hashes.len());
         }
-        let entries: Vec<&[u64]> = ends
+        let mut entries: Vec<&[u64]> = ends
             .iter()
             .scan(0, |start, &end| {
                 let entry = &hashes[*start..end];
@@ -204,6 +229,22 @@ impl Producer for BurstProducer {
                 Some(entry)
             })
             .collect();
+        // Lone requests some candidate already caches in part are the cache-aware scorers'
+        // business: co-locating them here would gain nothing and would pull them away.
+        let mut placed_counts = std::borrow::Cow::Borrowed(&counts);
+        if self.config.cached_match_producer().is_some() {
+            let cached: Vec<bool> = items.iter().map(cached_somewhere).collect();
+            // A burst of fresh prompts, cached nowhere, skips the search for lone requests.
+            if cached.contains(&true) {
+                let lone = lone_requests(&entries, &counts, self.config.colocate_blocks());
+                for (i, (&lone, &cached)) in lone.iter().zip(&cached).enumerate() {
+                    if lone && cached {
+                        entries[i] = &[];
+                        placed_counts.to_mut()[i] = 0;
+                    }
+                }
+            }
+        }
 
         // The batch is spread over the candidates of its first request that has blocks.
         let spread_over = items
@@ -223,7 +264,7 @@ impl Producer for BurstProducer {
         let assigned = if self.config.assignment() == Assignment::FairShare {
             assign_fair_share(
                 &entries,
-                &counts,
+                &placed_counts,
                 &replicas(),
                 self.config.colocate_blocks(),
                 self.config.balance(),
@@ -266,6 +307,43 @@ impl Producer for BurstProducer {
         }
         Ok(())
     }
+}
+
+/// Whether the cache estimates give any candidate of `item` at least one block of its prompt.
+fn cached_somewhere(item: &ProduceItem<'_>) -> bool {
+    item.endpoints.iter().any(|endpoint| {
+        matches!(
+            item.attrs.get(CONSUMES_CACHED_MATCH, endpoint),
+            Some(AttrValue::PrefixCacheMatch(info)) if info.match_blocks > 0
+        )
+    })
+}
+
+/// Which requests with blocks no other request of the batch would be co-located with: none
+/// shares their hash list (with `min_colocate_blocks > 0`, its first `min_colocate_blocks`
+/// hashes). An entry left empty (not hashed: its block count is unique) is lone.
+fn lone_requests(entries: &[&[u64]], counts: &[usize], min_colocate_blocks: usize) -> Vec<bool> {
+    let key = |i: usize| {
+        let entry = entries[i];
+        if min_colocate_blocks > 0 {
+            &entry[..entry.len().min(min_colocate_blocks)]
+        } else {
+            entry
+        }
+    };
+    let mut order: Vec<usize> = (0..entries.len())
+        .filter(|&i| counts[i] > 0 && !entries[i].is_empty())
+        .collect();
+    order.sort_unstable_by(|&a, &b| key(a).cmp(key(b)));
+    let mut lone: Vec<bool> = counts.iter().map(|&count| count > 0).collect();
+    for run in order.chunk_by(|&a, &b| key(a) == key(b)) {
+        if run.len() > 1 {
+            for &i in run {
+                lone[i] = false;
+            }
+        }
+    }
+    lone
 }
 
 /// Requests already hashed that a request's input is compared with before it is hashed.

@@ -281,7 +281,7 @@ fn out_of_range_parameter_is_refused_with_its_name_and_range() {
 
 #[test]
 fn documented_parameters_are_the_config_fields_with_their_defaults() {
-    assert_eq!(FACTORY.parameters.len(), 8);
+    assert_eq!(FACTORY.parameters.len(), 10);
     for param in FACTORY.parameters {
         let json = format!("{{\"{}\": {}}}", param.name, param.default);
         assert_eq!(
@@ -412,4 +412,116 @@ fn requests_left_unhashed_get_what_hashing_them_gives() {
             );
         }
     }
+}
+
+#[test]
+fn a_quiet_gap_is_declared_only_when_it_seals_earlier_than_the_window() {
+    assert_eq!(instance("null").batch_quiet_ms().unwrap(), None);
+    let quiet = instance(r#"{"windowDurationMs": 100, "windowQuietMs": 2}"#);
+    assert_eq!(quiet.batch_quiet_ms().unwrap(), Some(2));
+    assert_eq!(
+        quiet.declarations().batch(),
+        Some(BatchPolicy {
+            window_ms: 100,
+            max_batch: 1000
+        }),
+        "the window stays the upper bound"
+    );
+    let whole = instance(r#"{"windowDurationMs": 100, "windowQuietMs": 100}"#);
+    assert_eq!(whole.batch_quiet_ms().unwrap(), None);
+}
+
+/// Runs one sealed batch in which request `i` is believed cached on `cached[i]` candidates'
+/// first blocks (`Some(position)`), through the cache-estimate producer `approx`.
+fn produce_with_cache(
+    instance: &Harness,
+    batch: &[Request],
+    cached: &[Option<usize>],
+) -> Vec<Vec<AttrValue>> {
+    let key = DataKey::new(PREFIX_CACHE_MATCH_INFO, "approx");
+    let attrs: Vec<Attributes> = batch
+        .iter()
+        .zip(cached)
+        .map(|(request, cached)| {
+            let values = (0..request.candidates.len())
+                .map(|position| pmi(u64::from(*cached == Some(position)), 2, 4))
+                .collect();
+            Attributes::new().set(key.clone(), values)
+        })
+        .collect();
+    let items: Vec<(&TestRequest, &[TestEndpoint], &Attributes)> = batch
+        .iter()
+        .zip(&attrs)
+        .map(|(r, attrs)| (&r.request, r.candidates.as_slice(), attrs))
+        .collect();
+    instance
+        .produce_batch(&items)
+        .expect("produce")
+        .iter()
+        .map(|produced| produced.get(PREFIX_CACHE_MATCH_INFO).unwrap().to_vec())
+        .collect()
+}
+
+#[test]
+fn lone_requests_already_cached_are_left_to_the_scorers() {
+    let parameters = r#"{"blockSizeTokens": 4, "assignment": "fairShare",
+        "cachedMatchProducerName": "approx"}"#;
+    let producer = instance(parameters);
+    assert_eq!(
+        producer.declarations().consumes.as_slice(),
+        [
+            ConsumedKey {
+                key: DataKey::new(TOKENIZED_PROMPT, TOKEN_PRODUCER),
+                required: true,
+            },
+            ConsumedKey {
+                key: DataKey::new(PREFIX_CACHE_MATCH_INFO, "approx"),
+                required: true,
+            },
+        ]
+    );
+    // Two lone prompts, the first believed cached on /pod3; a pair of identical prompts, also
+    // cached on /pod3; a lone prompt cached nowhere.
+    let mut batch = vec![
+        request(&[1, 2, 3, 4, 5, 6, 7, 8], &PODS),
+        request(&[9, 9, 9, 9, 9, 9, 9, 9], &PODS),
+    ];
+    batch.extend(copies(2, &[3, 3, 3, 3, 3, 3, 3, 3], &PODS));
+    batch.push(request(&[7, 7, 7, 7, 7, 7, 7, 7], &PODS));
+    let cached = [Some(2), None, Some(2), Some(2), None];
+    let values = produce_with_cache(&producer, &batch, &cached);
+    let placed = assigned(&batch, &values);
+    assert_eq!(placed[0], "-", "lone and cached: no affinity");
+    assert_eq!(
+        values[0][0],
+        pmi(0, 2, 4),
+        "the block count is still reported"
+    );
+    assert_ne!(placed[1], "-", "lone, cached nowhere: placed for balance");
+    assert_ne!(placed[2], "-", "a group is co-located even when cached");
+    assert_eq!(placed[2], placed[3]);
+    assert_ne!(placed[4], "-");
+
+    // Without the parameter every request is placed.
+    let plain = instance(r#"{"blockSizeTokens": 4, "assignment": "fairShare"}"#);
+    let values = produce(&plain, &batch);
+    assert!(assigned(&batch, &values).iter().all(|&pod| pod != "-"));
+}
+
+#[test]
+fn with_min_colocate_blocks_requests_sharing_leading_blocks_are_not_lone() {
+    let producer = instance(
+        r#"{"blockSizeTokens": 4, "assignment": "fairShare", "minColocateBlocks": 1,
+            "cachedMatchProducerName": "approx"}"#,
+    );
+    // The same first block, different second blocks: placed here, whatever the cache holds;
+    // a third request sharing nothing is lone.
+    let batch = [
+        request(&[1, 2, 3, 4, 5, 6, 7, 8], &PODS),
+        request(&[1, 2, 3, 4, 8, 7, 6, 5], &PODS),
+        request(&[9, 2, 3, 4, 5, 6, 7, 8], &PODS),
+    ];
+    let values = produce_with_cache(&producer, &batch, &[Some(1), Some(1), Some(1)]);
+    assert_eq!(assigned(&batch, &values)[2], "-");
+    assert!(assigned(&batch, &values)[..2].iter().all(|&pod| pod != "-"));
 }

@@ -172,4 +172,12 @@ fn terminal_table_has_a_row_per_pipeline() {
     // Columns line up: every line puts the "done" column's right edge at the same place.
     let edge = |l: &str, cell: &str| l.find(cell).map(|i| i + cell.len());
     assert_eq!(edge(lines[0], "done"), edge(lines[1], "6/6"));
+    assert!(lines[0].contains("requests/replica min-max"));
+    let served = &reports()[0].replica_load.served_per_replica;
+    let range = format!(
+        " {}-{} ",
+        served.iter().min().unwrap(),
+        served.iter().max().unwrap()
+    );
+    assert!(lines[1].contains(&range), "{} lacks {range:?}", lines[1]);
 }

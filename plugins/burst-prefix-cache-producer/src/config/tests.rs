@@ -79,6 +79,29 @@ fn window_upper_bound() {
 }
 
 #[test]
+fn window_quiet_ms_is_ours_off_by_default_and_within_the_window() {
+    let config = decode(json!({})).unwrap();
+    assert_eq!((config.window_quiet_ms, config.quiet_ms()), (0, None));
+    assert_eq!(config.cached_match_producer(), None);
+    let config = decode(json!({"windowDurationMs": 50, "windowQuietMs": 3})).unwrap();
+    assert_eq!(config.quiet_ms(), Some(3));
+    // A gap as long as the window seals no earlier than the window.
+    let config = decode(json!({"windowDurationMs": 50, "windowQuietMs": 50})).unwrap();
+    assert_eq!(config.quiet_ms(), None);
+    assert_eq!(
+        rejected(json!({"windowDurationMs": 50, "windowQuietMs": 51})),
+        expected(
+            "windowQuietMs",
+            "windowQuietMs must be in 0..=windowDurationMs (50) (got 51); 0 keeps the fixed \
+             window"
+        )
+    );
+    assert_eq!(rejected(json!({"windowQuietMs": -1})).0, "windowQuietMs");
+    let config = decode(json!({"cachedMatchProducerName": "approx"})).unwrap();
+    assert_eq!(config.cached_match_producer(), Some("approx"));
+}
+
+#[test]
 fn p1b_zero_max_per_replica() {
     assert_eq!(
         rejected(json!({"windowDurationMs": 100, "maxPerReplica": 0, "blockSizeTokens": 64})),

@@ -227,3 +227,11 @@ fn requests_without_blocks_get_no_affinity() {
         vec![None; 3]
     );
 }
+
+#[test]
+fn lists_that_end_alike_are_still_told_apart() {
+    // Same length and last hash, different lists: two groups, each kept together.
+    let (a, b): (&[u64], &[u64]) = (&[1, 5], &[2, 5]);
+    let entries = [a, b, a, b, a];
+    assert_eq!(lay_out(&entries, &[2; 5], 0), [0, 2, 4, 1, 3]);
+}
