@@ -1,6 +1,7 @@
 //! The corpus of broken configs and replay inputs under `tests/data/broken`: each file says, in
 //! a `# expect:` comment on its first line, a fragment of the message it must be refused with.
-//! Every one is refused by the real binary, with that fragment and with `file:line`.
+//! Every one is refused by the real binary, with that fragment and with `file:line`; traces
+//! through `simulate --trace`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -86,6 +87,22 @@ fn every_broken_replay_input_is_refused_with_its_line_and_message() {
             "{}: decisions written",
             file.display()
         );
+        assert_refused(&file, &output);
+    }
+}
+
+#[test]
+fn every_broken_trace_is_refused_with_its_line_and_message() {
+    let fleet = workspace_root().join("tests/data/broken/replay-fleet.toml");
+    for file in corpus("trace", "jsonl") {
+        let output = run(&[
+            "simulate",
+            "--config",
+            fleet.to_str().unwrap(),
+            "--trace",
+            file.to_str().unwrap(),
+            "--no-baselines",
+        ]);
         assert_refused(&file, &output);
     }
 }
