@@ -290,6 +290,7 @@ fn run(command: Command) -> Result<(), String> {
         }
         Command::Check(common) => {
             let config = read_config(&common.config)?;
+            config.check_serve().map_err(|e| e.to_string())?;
             let options = common.options();
             let registry = load_registry(&config, &options).map_err(|e| e.to_string())?;
             let pipeline = build(&config, &registry, &options).map_err(|e| e.to_string())?;
