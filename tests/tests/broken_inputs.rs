@@ -70,21 +70,22 @@ fn every_broken_config_is_refused_with_its_line_and_message() {
     }
 }
 
-#[test]
-fn every_broken_replay_input_is_refused_with_its_line_and_message() {
+/// Runs `COMMAND --config <fleet> FLAG FILE LAST` on every file of the `kind` corpus: each is
+/// refused, and nothing is written to standard output.
+fn refuses_every(kind: &str, command: &str, flag: &str, last: &str) {
     let fleet = workspace_root().join("tests/data/broken/replay-fleet.toml");
-    for file in corpus("replay", "jsonl") {
+    for file in corpus(kind, "jsonl") {
         let output = run(&[
-            "replay",
+            command,
             "--config",
             fleet.to_str().unwrap(),
-            "--input",
+            flag,
             file.to_str().unwrap(),
-            "--brief",
+            last,
         ]);
         assert!(
             output.stdout.is_empty(),
-            "{}: decisions written",
+            "{}: output written",
             file.display()
         );
         assert_refused(&file, &output);
@@ -92,19 +93,13 @@ fn every_broken_replay_input_is_refused_with_its_line_and_message() {
 }
 
 #[test]
+fn every_broken_replay_input_is_refused_with_its_line_and_message() {
+    refuses_every("replay", "replay", "--input", "--brief");
+}
+
+#[test]
 fn every_broken_trace_is_refused_with_its_line_and_message() {
-    let fleet = workspace_root().join("tests/data/broken/replay-fleet.toml");
-    for file in corpus("trace", "jsonl") {
-        let output = run(&[
-            "simulate",
-            "--config",
-            fleet.to_str().unwrap(),
-            "--trace",
-            file.to_str().unwrap(),
-            "--no-baselines",
-        ]);
-        assert_refused(&file, &output);
-    }
+    refuses_every("trace", "simulate", "--trace", "--no-baselines");
 }
 
 #[test]
