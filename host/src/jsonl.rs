@@ -20,36 +20,95 @@ impl std::fmt::Display for LineError {
 const BYTE_ORDER_MARK: &[u8] = b"\xEF\xBB\xBF";
 
 /// The content lines of `bytes` with their numbers; a line that is not UTF-8 is an error.
-pub fn content_lines(bytes: &[u8]) -> impl Iterator<Item = Result<(usize, &str), LineError>> {
-    let bytes = bytes.strip_prefix(BYTE_ORDER_MARK).unwrap_or(bytes);
-    bytes
-        .split(|b| *b == b'\n')
-        .enumerate()
-        .filter_map(|(index, raw)| {
-            let line = index + 1;
-            let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
-            match std::str::from_utf8(raw) {
-                Ok(text) => {
-                    let trimmed = text.trim_start();
-                    (!trimmed.is_empty() && !trimmed.starts_with('#')).then_some(Ok((line, text)))
-                }
-                Err(e) => Some(Err(LineError {
-                    line,
-                    message: format!(
-                        "not valid UTF-8 (at byte {} of the line); save the file as UTF-8",
-                        e.valid_up_to() + 1
-                    ),
-                })),
-            }
-        })
+pub fn content_lines(bytes: &[u8]) -> ContentLines<&[u8]> {
+    ContentLines::new(bytes)
 }
 
-/// Parses one line as `T`; the message names the column, not serde_json's "line 1".
+/// The content lines of a reader, read one at a time (a file is never held whole), with their
+/// numbers from 1: blank lines and `#` comments skipped, a byte-order mark before the first
+/// line dropped, `\r\n` endings accepted. A line that is not UTF-8, or a read that fails, is an
+/// error naming the line, after which the iterator ends.
+pub struct ContentLines<R> {
+    reader: R,
+    number: usize,
+    buffer: Vec<u8>,
+    done: bool,
+}
+
+impl<R: std::io::BufRead> ContentLines<R> {
+    pub fn new(reader: R) -> Self {
+        ContentLines {
+            reader,
+            number: 0,
+            buffer: Vec::new(),
+            done: false,
+        }
+    }
+}
+
+impl<R: std::io::BufRead> Iterator for ContentLines<R> {
+    type Item = Result<(usize, String), LineError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        while !self.done {
+            self.buffer.clear();
+            let read = self.reader.read_until(b'\n', &mut self.buffer);
+            self.number += 1;
+            let line = self.number;
+            let fail = |message: String| Some(Err(LineError { line, message }));
+            match read {
+                Ok(0) => self.done = true,
+                Ok(_) => {
+                    let mut raw = self.buffer.as_slice();
+                    if line == 1 {
+                        raw = raw.strip_prefix(BYTE_ORDER_MARK).unwrap_or(raw);
+                    }
+                    raw = raw.strip_suffix(b"\n").unwrap_or(raw);
+                    raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+                    match std::str::from_utf8(raw) {
+                        Ok(text) => {
+                            let trimmed = text.trim_start();
+                            if !trimmed.is_empty() && !trimmed.starts_with('#') {
+                                return Some(Ok((line, text.to_string())));
+                            }
+                        }
+                        Err(e) => {
+                            self.done = true;
+                            return fail(format!(
+                                "not valid UTF-8 (at byte {} of the line); save the file as UTF-8",
+                                e.valid_up_to() + 1
+                            ));
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.done = true;
+                    return fail(format!("cannot read this line: {e}"));
+                }
+            }
+        }
+        None
+    }
+}
+
+/// Parses one line as `T`; the message names the field it concerns (when it concerns one)
+/// and the column, not serde_json's "line 1".
 pub fn parse_line<T: serde::de::DeserializeOwned>(line: usize, text: &str) -> Result<T, LineError> {
-    serde_json::from_str(text).map_err(|e| LineError {
-        line,
-        message: json_message(&e),
-    })
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let (field, error) = match serde_path_to_error::deserialize(&mut deserializer) {
+        Ok(value) => match deserializer.end() {
+            Ok(()) => return Ok(value),
+            Err(e) => (String::new(), e),
+        },
+        Err(e) => (e.path().to_string(), e.into_inner()),
+    };
+    let message = json_message(&error);
+    let message = if field.is_empty() || field == "." || error.is_syntax() {
+        message
+    } else {
+        format!("{field}: {message}")
+    };
+    Err(LineError { line, message })
 }
 
 /// serde_json's message with the column, without its own line number (each line is its own
@@ -77,9 +136,7 @@ mod tests {
     use super::*;
 
     fn numbers(bytes: &[u8]) -> Vec<Result<(usize, String), LineError>> {
-        content_lines(bytes)
-            .map(|r| r.map(|(n, t)| (n, t.to_string())))
-            .collect()
+        content_lines(bytes).collect()
     }
 
     #[test]

@@ -290,6 +290,7 @@ fn run(command: Command) -> Result<(), String> {
         }
         Command::Check(common) => {
             let config = read_config(&common.config)?;
+            config.check_serve().map_err(|e| e.to_string())?;
             let options = common.options();
             let registry = load_registry(&config, &options).map_err(|e| e.to_string())?;
             let pipeline = build(&config, &registry, &options).map_err(|e| e.to_string())?;
@@ -332,11 +333,11 @@ fn run(command: Command) -> Result<(), String> {
                     path.display()
                 ));
             }
-            let bytes = std::fs::read(&input)
+            let file = std::fs::File::open(&input)
                 .map_err(|e| format!("cannot read {}: {e}", input.display()))?;
             let located =
                 |e: replay::InputError| format!("{}:{}: {}", input.display(), e.line, e.message);
-            let lines = replay::read_input(&bytes).map_err(located)?;
+            let lines = replay::read_input(std::io::BufReader::new(file)).map_err(located)?;
             let fleet = replay::fleet_from_config(&config.config.endpoints);
             replay::check_input(&lines, &fleet).map_err(located)?;
             let mut scheduler = Scheduler::new(Arc::new(pipeline), fleet, seed);
@@ -416,11 +417,25 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
         ),
         None => sim::default_memory_limit(),
     };
-    // A trace is read whole; a built-in workload is generated afresh for each router.
+    // A trace is read line by line and its requests kept for every router; a built-in
+    // workload is generated afresh for each router.
     let (label, source) = match &args.trace {
+        Some(path) if !args.overrides.is_empty() => {
+            return Err(format!(
+                "--set {} changes a built-in workload, but --trace {} is replayed as written; \
+                 drop one of them",
+                args.overrides[0],
+                path.display()
+            ))
+        }
         Some(path) => (
             format!("trace {}", path.display()),
-            Requests::Trace(sim::read_trace(path).map_err(|e| e.to_string())?),
+            Requests::Trace(sim::read_trace(path).map_err(|e| match e {
+                sim::TraceError::Line { line, message } => {
+                    format!("{}:{line}: {message}", path.display())
+                }
+                other => other.to_string(),
+            })?),
         ),
         None => {
             let mut object = serde_json::Map::new();

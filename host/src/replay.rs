@@ -119,10 +119,11 @@ pub struct ReplayOutput {
 pub use crate::jsonl::LineError as InputError;
 
 /// Reads replay input (JSONL; see [`crate::jsonl`]), checking each line on its own.
-pub fn read_input(bytes: &[u8]) -> Result<Vec<ReplayLine>, InputError> {
+pub fn read_input(reader: impl std::io::BufRead) -> Result<Vec<ReplayLine>, InputError> {
     let mut lines = Vec::new();
-    for entry in jsonl::content_lines(bytes) {
+    for entry in jsonl::ContentLines::new(reader) {
         let (number, text) = entry?;
+        let text = text.as_str();
         let fail = |message: String| InputError {
             line: number,
             message,

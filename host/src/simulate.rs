@@ -83,7 +83,10 @@ impl SimRouter for PipelineRouter {
             id: req.id.to_string(),
             model: req.model.clone(),
             cache_salt: req.cache_salt.clone(),
-            prompt: Prompt::Tokens(vec![req.tokens.to_vec()]),
+            prompt: Prompt::Shared {
+                buf: Arc::clone(req.tokens.buffer()),
+                len: req.tokens.len(),
+            },
             max_output_tokens: Some(req.output_tokens as u64),
         };
         let decisions = self.scheduler.submit(request, now_ms);

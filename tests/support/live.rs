@@ -469,7 +469,7 @@ pub fn replay_file(config: &Path, input: &Path) -> std::collections::BTreeMap<St
     let registry = load_registry(&loaded, &options).expect("libraries load");
     let pipeline = build(&loaded, &registry, &options).expect("pipeline wires");
     let bytes = std::fs::read(input).expect("input reads");
-    let lines = replay::read_input(&bytes).expect("input parses");
+    let lines = replay::read_input(bytes.as_slice()).expect("input parses");
     let fleet = replay::fleet_from_config(&loaded.config.endpoints);
     replay::check_input(&lines, &fleet).expect("input fits the fleet");
     let mut scheduler = Scheduler::new(std::sync::Arc::new(pipeline), fleet, 0);

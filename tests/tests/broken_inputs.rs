@@ -1,6 +1,7 @@
 //! The corpus of broken configs and replay inputs under `tests/data/broken`: each file says, in
 //! a `# expect:` comment on its first line, a fragment of the message it must be refused with.
-//! Every one is refused by the real binary, with that fragment and with `file:line`.
+//! Every one is refused by the real binary, with that fragment and with `file:line`; traces
+//! through `simulate --trace`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -69,25 +70,36 @@ fn every_broken_config_is_refused_with_its_line_and_message() {
     }
 }
 
-#[test]
-fn every_broken_replay_input_is_refused_with_its_line_and_message() {
+/// Runs `COMMAND --config <fleet> FLAG FILE LAST` on every file of the `kind` corpus: each is
+/// refused, and nothing is written to standard output.
+fn refuses_every(kind: &str, command: &str, flag: &str, last: &str) {
     let fleet = workspace_root().join("tests/data/broken/replay-fleet.toml");
-    for file in corpus("replay", "jsonl") {
+    for file in corpus(kind, "jsonl") {
         let output = run(&[
-            "replay",
+            command,
             "--config",
             fleet.to_str().unwrap(),
-            "--input",
+            flag,
             file.to_str().unwrap(),
-            "--brief",
+            last,
         ]);
         assert!(
             output.stdout.is_empty(),
-            "{}: decisions written",
+            "{}: output written",
             file.display()
         );
         assert_refused(&file, &output);
     }
+}
+
+#[test]
+fn every_broken_replay_input_is_refused_with_its_line_and_message() {
+    refuses_every("replay", "replay", "--input", "--brief");
+}
+
+#[test]
+fn every_broken_trace_is_refused_with_its_line_and_message() {
+    refuses_every("trace", "simulate", "--trace", "--no-baselines");
 }
 
 #[test]

@@ -136,6 +136,12 @@ fn the_example_builds_out_of_tree_loads_and_a_second_build_replaces_it() {
         checked.contains("endpoint = \"pod2\"  # default"),
         "{checked}"
     );
+    // The effective config of the example's pipeline is itself a config that checks the same.
+    let effective = dir.join("effective.toml");
+    std::fs::write(&effective, &checked).unwrap();
+    let rechecked = ok(&run(&["check", "--config", effective.to_str().unwrap()]));
+    let table = |text: &str| -> toml::Table { text.parse().expect("check prints TOML") };
+    assert_eq!(table(&checked), table(&rechecked));
     let inspected = ok(&run(&["plugins", "inspect", deployed.to_str().unwrap()]));
     assert!(
         inspected.contains("\n    endpoint  string, default \"pod2\"\n"),

@@ -9,7 +9,6 @@ pub mod import;
 pub mod locate;
 mod values;
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -363,7 +362,6 @@ impl LoadedConfig {
     }
 
     fn check_names(&self) -> Result<(), ConfigError> {
-        let mut seen = HashSet::new();
         for (index, plugin) in self.config.plugins.iter().enumerate() {
             if plugin.type_name.trim().is_empty() {
                 return Err(
@@ -371,41 +369,25 @@ impl LoadedConfig {
                         .at_line(self.plugin_line(index, None)),
                 );
             }
-            if !seen.insert(plugin.name.as_str()) {
-                return Err(ConfigError::new(
-                    &self.path,
-                    format!(
-                        "duplicate plugin name '{}': every [[plugins]] entry needs its own \
-                         `name` (it defaults to the type)",
-                        plugin.name
-                    ),
-                )
-                .at_line(self.plugin_line(index, None)));
-            }
         }
-        let mut endpoints = HashSet::new();
-        for (index, endpoint) in self.config.endpoints.iter().enumerate() {
-            if !endpoints.insert(endpoint.id()) {
-                return Err(ConfigError::new(
-                    &self.path,
-                    format!("duplicate endpoint '{}'", endpoint.id()),
-                )
-                .at_line(line_of(
-                    &self.source,
-                    &[Step::Key("endpoints"), Step::Index(index)],
-                )));
-            }
-        }
-        let mut profiles = HashSet::new();
-        for (index, profile) in self.config.profiles.iter().enumerate() {
-            if !profiles.insert(profile.name.as_str()) {
-                return Err(ConfigError::new(
-                    &self.path,
-                    format!("duplicate profile name '{}'", profile.name),
-                )
-                .at_line(self.profile_line(index, Some("name"))));
-            }
-        }
+        let plugins = self.config.plugins.iter().map(|p| p.name.clone());
+        self.refuse_repeats("plugins", plugins, |name, first| {
+            format!(
+                "duplicate plugin name {name}, first used on {first}: every [[plugins]] entry \
+                 needs its own `name` (it defaults to the type); rename one or remove it"
+            )
+        })?;
+        let endpoints = self.config.endpoints.iter().map(EndpointConfig::id);
+        self.refuse_repeats("endpoints", endpoints, |id, first| {
+            format!(
+                "duplicate endpoint {id} (namespace/name), first given on {first}: every \
+                 endpoint needs its own name within its namespace; rename one or remove it"
+            )
+        })?;
+        let profiles = self.config.profiles.iter().map(|p| p.name.clone());
+        self.refuse_repeats("profiles", profiles, |name, first| {
+            format!("duplicate profile name {name}, first used on {first}; rename one or remove it")
+        })?;
         if self.config.profiles.len() > 1 {
             return Err(ConfigError::new(
                 &self.path,
@@ -416,6 +398,31 @@ impl LoadedConfig {
                 ),
             )
             .at_line(self.profile_line(1, None)));
+        }
+        Ok(())
+    }
+
+    /// Refuses the second entry of `table` with a name already used by an earlier one, citing
+    /// both lines; `message` gets the shown name and where it was first used.
+    fn refuse_repeats(
+        &self,
+        table: &str,
+        names: impl Iterator<Item = String>,
+        message: impl Fn(&str, &str) -> String,
+    ) -> Result<(), ConfigError> {
+        let mut seen = std::collections::HashMap::new();
+        for (index, name) in names.enumerate() {
+            if let Some(first) = seen.insert(name.clone(), index) {
+                let line = |i: usize| line_of(&self.source, &[Step::Key(table), Step::Index(i)]);
+                let first = match line(first) {
+                    Some(n) => format!("line {n}"),
+                    None => format!("{table}[{first}]"),
+                };
+                return Err(
+                    ConfigError::new(&self.path, message(&values::shown(&name), &first))
+                        .at_line(line(index)),
+                );
+            }
         }
         Ok(())
     }

@@ -18,6 +18,11 @@ pub enum Prompt {
     Texts(Vec<String>),
     /// Chat messages, tokenized by the token producer.
     Chat(Vec<ChatMessage>),
+    /// One prompt of token ids: the first `len` ids of a buffer other requests may share (the
+    /// turns of a conversation, the samples of a prompt), held without a copy while the
+    /// request is in flight. Built by `simulate` only; never read or written as JSON.
+    #[serde(skip)]
+    Shared { buf: Arc<[u32]>, len: usize },
 }
 
 /// One chat message as the tokenizer sees it: the role, and the text of its content (text

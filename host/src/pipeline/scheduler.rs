@@ -30,7 +30,7 @@ use super::record::{
     ScoreEntry, ScorerRecord, WindowRecord,
 };
 use super::request::{Endpoint, Fleet, Request};
-use super::tokenize::tokenize;
+use super::tokenize::{prompt_buffers, PromptBuffer};
 use super::wiring::Pipeline;
 use crate::plugins::crash_note;
 
@@ -203,9 +203,10 @@ struct Admitted {
     model: String,
     cache_salt: String,
     max_output_tokens: Option<u64>,
-    /// Owns the token buffers `prompt_views` borrows; never changed after admission.
+    /// Owns (or shares) the token buffers `prompt_views` borrows; never changed after
+    /// admission.
     #[allow(dead_code)]
-    prompts: Vec<Vec<u32>>,
+    prompts: Vec<PromptBuffer>,
     /// One view per prompt, built once on admission.
     prompt_views: Vec<PromptTokens<'static>>,
     fleet: Snapshot,
@@ -219,20 +220,21 @@ impl Admitted {
         model: String,
         cache_salt: String,
         max_output_tokens: Option<u64>,
-        prompts: Vec<Vec<u32>>,
+        prompts: Vec<PromptBuffer>,
         fleet: Snapshot,
         seed: u64,
     ) -> Admitted {
         let prompt_views = prompts
             .iter()
             .map(|p| {
-                // SAFETY: the view borrows the heap buffer of one prompt of `prompts`, which
-                // the returned value owns, never changes, and drops only together with the
-                // views (moving the outer vector does not move the token buffers). The
+                // SAFETY: the view borrows the heap buffer of one prompt of `prompts` (a
+                // vector's or a shared buffer's, which this value keeps a reference to),
+                // which the returned value owns, never changes, and drops only together with
+                // the views (moving the outer vector does not move the token buffers). The
                 // `'static` never escapes: views are read through `&self`.
                 unsafe {
                     extend_prompt(PromptTokens {
-                        tokens: RSlice::from_slice(p),
+                        tokens: RSlice::from_slice(p.as_slice()),
                     })
                 }
             })
@@ -488,7 +490,7 @@ impl Scheduler {
                 request.model,
                 request.cache_salt,
                 request.max_output_tokens,
-                tokenize(request.prompt),
+                prompt_buffers(request.prompt),
                 fleet,
                 self.rng.next_u64(),
             ),

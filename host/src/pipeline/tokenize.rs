@@ -7,6 +7,8 @@
 //! in one request are one prompt each. Chat messages contribute role then content, with no
 //! separators.
 
+use std::sync::Arc;
+
 use serde::Deserialize;
 use switchyard_plugin_api::keys::TOKENIZED_PROMPT;
 use switchyard_plugin_api::sdk::{Declare, Instance, Param, PluginFactory, ProduceBatch, Producer};
@@ -28,10 +30,39 @@ pub struct TokenizerConfig {
 #[serde(deny_unknown_fields)]
 pub struct EstimateConfig {}
 
+/// The token ids of one prompt, owned or a prefix of a shared buffer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptBuffer {
+    Owned(Vec<u32>),
+    Shared { buf: Arc<[u32]>, len: usize },
+}
+
+impl PromptBuffer {
+    /// The ids; their memory stays where it is while `self` lives, even when `self` moves.
+    pub fn as_slice(&self) -> &[u32] {
+        match self {
+            PromptBuffer::Owned(tokens) => tokens,
+            PromptBuffer::Shared { buf, len } => &buf[..(*len).min(buf.len())],
+        }
+    }
+}
+
+/// Token ids of every prompt of a request, a shared prompt left shared.
+pub fn prompt_buffers(prompt: Prompt) -> Vec<PromptBuffer> {
+    match prompt {
+        Prompt::Shared { buf, len } => vec![PromptBuffer::Shared { buf, len }],
+        other => tokenize(other)
+            .into_iter()
+            .map(PromptBuffer::Owned)
+            .collect(),
+    }
+}
+
 /// Token ids of every prompt of a request.
 pub fn tokenize(prompt: Prompt) -> Vec<Vec<u32>> {
     match prompt {
         Prompt::Tokens(prompts) => prompts,
+        Prompt::Shared { buf, len } => vec![buf[..len.min(buf.len())].to_vec()],
         Prompt::Text(text) => vec![pack_bytes(text.as_bytes())],
         Prompt::Texts(texts) => texts.iter().map(|t| pack_bytes(t.as_bytes())).collect(),
         Prompt::Chat(messages) => {
@@ -137,5 +168,22 @@ mod tests {
     fn unknown_parameter_is_refused() {
         let error = create("t", r#"{"vllm": {}}"#).err().expect("refused");
         assert_eq!(error.field.as_str(), "vllm");
+    }
+
+    #[test]
+    fn a_shared_prompt_stays_shared_and_reads_as_its_prefix() {
+        let buf: Arc<[u32]> = vec![1, 2, 3, 4].into();
+        let prompt = Prompt::Shared {
+            buf: Arc::clone(&buf),
+            len: 3,
+        };
+        assert_eq!(tokenize(prompt.clone()), vec![vec![1, 2, 3]]);
+        let buffers = prompt_buffers(prompt);
+        assert_eq!(buffers.len(), 1);
+        assert_eq!(buffers[0].as_slice(), &[1, 2, 3]);
+        assert_eq!(Arc::strong_count(&buf), 2, "no copy was made");
+        let owned = prompt_buffers(Prompt::Tokens(vec![vec![5], vec![6, 7]]));
+        let slices: Vec<&[u32]> = owned.iter().map(PromptBuffer::as_slice).collect();
+        assert_eq!(slices, [&[5][..], &[6, 7][..]]);
     }
 }

@@ -364,8 +364,30 @@ fn create_default_producers(
         let line = consumer_line(config, &consumer_name, producer_name);
         let error = |message: String| ConfigError::new(&config.path, message).at_line(line);
         if let Some(existing) = plugins.iter().find(|p| p.name == producer_name) {
+            let producers: Vec<String> = plugins
+                .iter()
+                .filter(|p| {
+                    p.declarations
+                        .produces
+                        .iter()
+                        .any(|k| k.data_type == key.data_type)
+                })
+                .map(|p| format!("'{}'", p.name.escape_debug()))
+                .collect();
+            let fix = if producers.is_empty() {
+                format!(
+                    "add a plugin that produces {} and point the consumer at it",
+                    key.data_type
+                )
+            } else {
+                format!(
+                    "point the consumer at a plugin that produces {} ({})",
+                    key.data_type,
+                    producers.join(", ")
+                )
+            };
             return Err(error(format!(
-                "plugin '{consumer}' requires {key}, but plugin '{}' does not produce it",
+                "plugin '{consumer}' requires {key}, but plugin '{}' does not produce it; {fix}",
                 existing.label()
             )));
         }
@@ -569,8 +591,14 @@ fn resolve_profile(
         if plugin.kind != role {
             let hint = if plugin.kind == PluginKind::Producer {
                 "; producers run by themselves before the filters and are not listed in profiles"
+                    .to_string()
             } else {
-                ""
+                let list = match plugin.kind {
+                    PluginKind::Filter => "`filters`",
+                    PluginKind::Scorer => "`scorers`",
+                    _ => "`picker`",
+                };
+                format!("; list it under {list}, or name a {role} here")
             };
             return Err(error(format!(
                 "profile '{}' uses '{}' as a {role}, but it is a {}{hint}",

@@ -263,6 +263,23 @@ fn decode<T: serde::de::DeserializeOwned>(
         .copied()
         .unwrap_or("?");
     serde_json::from_value(overrides.clone()).map_err(|source| {
+        let unknown = overrides
+            .as_object()
+            .and_then(|object| object.keys().find(|k| valid_values(workload, k).is_none()));
+        if let Some(key) = unknown {
+            let names: Vec<&str> = PARAMETERS
+                .iter()
+                .copied()
+                .filter(|p| valid_values(workload, p).is_some())
+                .collect();
+            return WorkloadError::Refused {
+                workload,
+                message: format!(
+                    "unknown parameter {key:?} in --set; parameters of {workload}: {}",
+                    names.join(", ")
+                ),
+            };
+        }
         // Find the parameter at fault and say what it takes.
         let bad = overrides.as_object().and_then(|object| {
             object.iter().find_map(|(key, value)| {
@@ -283,6 +300,34 @@ fn decode<T: serde::de::DeserializeOwned>(
         }
     })
 }
+
+/// Every workload parameter name, in the order they are listed in refusals.
+const PARAMETERS: &[&str] = &[
+    "seed",
+    "model",
+    "cacheSalt",
+    "prompts",
+    "samples",
+    "steps",
+    "stepIntervalMs",
+    "groups",
+    "promptsPerGroup",
+    "sessions",
+    "turns",
+    "systemPromptTokens",
+    "questionTokens",
+    "userTokensMin",
+    "userTokensMax",
+    "promptTokensMin",
+    "promptTokensMax",
+    "outputTokens",
+    "outputTokensMin",
+    "outputTokensMax",
+    "interleaved",
+    "thinkTimeMs",
+    "requestsPerSecond",
+    "sessionsPerSecond",
+];
 
 /// What a workload parameter takes, as documented (`None` for an unknown name).
 fn valid_values(workload: &str, key: &str) -> Option<&'static str> {

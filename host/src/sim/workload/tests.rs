@@ -234,7 +234,7 @@ fn workloads_by_name_with_overrides() {
     let err = Workload::from_name("rl-rollout", json!({"prompt": 2})).unwrap_err();
     assert!(
         err.to_string()
-            .starts_with("workload rl-rollout: unknown field `prompt`"),
+            .starts_with("workload rl-rollout: unknown parameter \"prompt\" in --set"),
         "{err}"
     );
 }
@@ -354,7 +354,7 @@ fn trace_errors_name_the_line() {
         (r#"{"arrival_ms": 0, "prompt": "", "output_tokens": 1}"#, "trace line 3: the prompt is empty"),
         (
             r#"{"arrival_ms": 0, "tokens": [1], "output_tokens": 1, "extra": 1}"#,
-            "trace line 3: unknown field `extra`, expected one of `arrival_ms`, `output_tokens`, `tokens`, `prompt`, `model`, `cache_salt`, `group`, `step` (column 60)",
+            "trace line 3: extra: unknown field `extra`, expected one of `arrival_ms`, `output_tokens`, `tokens`, `prompt`, `model`, `cache_salt`, `group`, `step` (column 60)",
         ),
         ("not json", "trace line 3: expected ident (column 2)"),
     ];
@@ -428,7 +428,7 @@ fn a_mistyped_parameter_is_named_with_what_it_takes() {
         err("rl-rollout", json!({"interleaved": 1})),
         "workload rl-rollout: interleaved must be true or false (got 1)"
     );
-    assert!(err("rl-rollout", json!({"nope": 1})).contains("unknown field `nope`"));
+    assert!(err("rl-rollout", json!({"nope": 1})).contains("unknown parameter \"nope\""));
     assert_eq!(format_bytes(3 << 29), "1.5 GiB");
     assert_eq!(parse_bytes("4G"), Some(4 << 30));
     assert_eq!(parse_bytes("512MiB"), Some(512 << 20));
@@ -445,4 +445,49 @@ fn rl_steps_that_outlast_their_interval_count_every_prompt_in_flight() {
     .unwrap();
     // 2048 prompts of 4 MB, all in flight: a pipeline holds a copy of each.
     assert!(huge.memory_estimate() > 8 << 30);
+}
+
+/// The field names serde lists for an unknown field of `T`.
+fn declared_fields<T: serde::de::DeserializeOwned>() -> Vec<String> {
+    let message = serde_json::from_value::<T>(json!({ "notAParameter": 1 }))
+        .err()
+        .expect("an unknown field is refused")
+        .to_string();
+    let list = message
+        .split("expected one of")
+        .nth(1)
+        .expect("fields listed");
+    list.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn every_declared_parameter_is_known_and_an_unknown_one_lists_them() {
+    let declared = [
+        ("rl-rollout", declared_fields::<RlRolloutParams>()),
+        ("shared-prefix", declared_fields::<SharedPrefixParams>()),
+        ("multi-turn", declared_fields::<MultiTurnParams>()),
+    ];
+    for (workload, fields) in declared {
+        assert!(fields.len() >= 5, "{workload}: {fields:?}");
+        for field in &fields {
+            assert!(
+                valid_values(workload, field).is_some(),
+                "{workload}: {field} has no documented range"
+            );
+        }
+        let error = Workload::from_name(workload, json!({ "nosuch": 1 }))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("unknown parameter \"nosuch\""), "{error}");
+        for field in &fields {
+            assert!(
+                error.contains(field.as_str()),
+                "{workload}: {field} in {error}"
+            );
+        }
+    }
 }

@@ -69,13 +69,14 @@ pub fn prompt_to_tokens(prompt: &str) -> Vec<u32> {
     crate::pipeline::tokenize::pack_bytes(prompt.as_bytes())
 }
 
-/// Reads a JSONL trace file.
+/// Reads a JSONL trace file line by line.
 pub fn read_trace(path: &Path) -> Result<Vec<SimRequest>, TraceError> {
-    let bytes = std::fs::read(path).map_err(|source| TraceError::Io {
+    let io = |source| TraceError::Io {
         path: path.to_path_buf(),
         source,
-    })?;
-    parse_trace_bytes(&bytes)
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    parse_trace_lines(jsonl::ContentLines::new(std::io::BufReader::new(file)))
 }
 
 /// Parses JSONL trace text; the first bad line is reported with its number.
@@ -85,9 +86,16 @@ pub fn parse_trace(text: &str) -> Result<Vec<SimRequest>, TraceError> {
 
 /// Parses JSONL trace bytes (see [`crate::jsonl`] for comments, byte-order marks and UTF-8).
 pub fn parse_trace_bytes(bytes: &[u8]) -> Result<Vec<SimRequest>, TraceError> {
+    parse_trace_lines(jsonl::content_lines(bytes))
+}
+
+fn parse_trace_lines(
+    lines: impl Iterator<Item = Result<(usize, String), jsonl::LineError>>,
+) -> Result<Vec<SimRequest>, TraceError> {
     let mut requests = Vec::new();
-    for entry in jsonl::content_lines(bytes) {
+    for entry in lines {
         let (line, raw) = entry.map_err(TraceError::from)?;
+        let raw = raw.as_str();
         let fail = |message: String| TraceError::Line { line, message };
         let parsed: TraceLine = jsonl::parse_line(line, raw)?;
         if !(parsed.arrival_ms.is_finite() && parsed.arrival_ms >= 0.0) {
