@@ -9,7 +9,7 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use switchyard::config::{LoadedConfig, DEFAULT_CONFIG};
 use switchyard::pipeline::{build, load_registry, Options, Scheduler};
 use switchyard::plugins::inspect;
-use switchyard::sim::{self, FleetConfig, SimRouter, Workload};
+use switchyard::sim::{self, FleetConfig, SimFleet, SimRouter, Workload};
 use switchyard::{effective, jsonl, replay, simulate};
 
 /// The router allocates and frees request-sized buffers at a high rate; mimalloc keeps that
@@ -147,6 +147,14 @@ enum Command {
         /// Number of replicas.
         #[arg(long)]
         replicas: Option<usize>,
+        /// The replica model of every replica: a step-engine preset or `fixed-rate`
+        /// (default h100x2-qwen3-32b; see docs/simulate.md).
+        #[arg(long)]
+        profile: Option<String>,
+        /// A fleet file (TOML): groups of replicas with their profiles, block size, scrape
+        /// interval, latency objectives.
+        #[arg(long, conflicts_with_all = ["replicas", "profile"])]
+        fleet: Option<PathBuf>,
         /// More pipelines to compare (repeatable).
         #[arg(long = "compare")]
         compare: Vec<PathBuf>,
@@ -360,6 +368,8 @@ fn run(command: Command) -> Result<(), String> {
             overrides,
             trace,
             replicas,
+            profile,
+            fleet,
             compare,
             no_baselines,
             output,
@@ -371,6 +381,8 @@ fn run(command: Command) -> Result<(), String> {
             overrides,
             trace,
             replicas,
+            profile,
+            fleet,
             compare,
             no_baselines,
             output,
@@ -386,6 +398,8 @@ struct SimulateArgs {
     overrides: Vec<String>,
     trace: Option<PathBuf>,
     replicas: Option<usize>,
+    profile: Option<String>,
+    fleet: Option<PathBuf>,
     compare: Vec<PathBuf>,
     no_baselines: bool,
     output: Option<PathBuf>,
@@ -402,11 +416,24 @@ enum Requests {
 fn simulate_command(args: SimulateArgs) -> Result<(), String> {
     let options = args.common.options();
     let config = read_config(&args.common.config)?;
-    let mut fleet = FleetConfig::default();
-    if let Some(replicas) = args.replicas {
-        fleet.replicas = replicas;
-    }
-    fleet.validate().map_err(|e| format!("--replicas: {e}"))?;
+    let fleet = match &args.fleet {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            SimFleet::parse(path, &text).map_err(|e| e.to_string())?
+        }
+        None => {
+            let replicas = args.replicas.unwrap_or(FleetConfig::default().replicas);
+            let profile = args
+                .profile
+                .as_deref()
+                .unwrap_or(sim::profile::DEFAULT_PROFILE);
+            let fleet =
+                SimFleet::uniform(profile, replicas).map_err(|e| format!("--profile: {e}"))?;
+            fleet.validate().map_err(|e| format!("--replicas: {e}"))?;
+            fleet
+        }
+    };
     let (memory_limit, limit_source) = match &args.max_memory {
         Some(text) => (
             sim::parse_bytes(text).ok_or_else(|| {
@@ -449,8 +476,9 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
         Requests::Workload(workload) => workload.len(),
     };
     eprintln!(
-        "simulating {total} requests ({label}) on {} replicas",
-        fleet.replicas
+        "simulating {total} requests ({label}) on {} replicas ({})",
+        fleet.replicas(),
+        fleet.describe()
     );
 
     let mut routers: Vec<Box<dyn SimRouter>> = Vec::new();
@@ -524,6 +552,7 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
         });
     }
     println!("{}", sim::render_table(&reports));
+    println!("{}", sim::render_serving_table(&reports));
     if let Some(dir) = &args.output {
         sim::write_reports(dir, &reports)
             .map_err(|e| format!("writing reports to {}: {e}", dir.display()))?;

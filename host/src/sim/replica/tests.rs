@@ -21,6 +21,7 @@ fn job(store: &mut Vec<u64>, request: usize, prompt: u32, output: u32, chain: &[
         prompt_tokens: prompt,
         output_tokens: output,
         blocks: start..store.len(),
+        chain_end: store.len(),
     }
 }
 
