@@ -89,6 +89,23 @@ impl EngineParams {
     }
 }
 
+#[cfg(test)]
+impl EngineParams {
+    /// Round numbers for cases worked out by hand: 1 ms per step, 0.25 ms per prefill token,
+    /// 0.5 ms per decoding sequence, no context cost; 64 tokens and 4 sequences per step.
+    pub(crate) fn round_numbers(kv_blocks: usize) -> EngineParams {
+        EngineParams {
+            kv_blocks,
+            max_num_batched_tokens: 64,
+            max_num_seqs: 4,
+            step_overhead_ms: 1.0,
+            prefill_ms_per_token: 0.25,
+            decode_ms_per_sequence: 0.5,
+            context_ms_per_kilo_token: 0.0,
+        }
+    }
+}
+
 /// A named preset: a model on a GPU setup, with the engine defaults it is served with.
 #[derive(Debug, Clone, Copy)]
 pub struct Preset {

@@ -356,5 +356,27 @@ impl Replica {
     }
 }
 
+/// Appends `chain` to `store` and returns the job over it, its first `prompt_blocks` blocks
+/// the prompt's, the rest its output's.
+#[cfg(test)]
+pub(crate) fn job_in(
+    store: &mut Vec<u64>,
+    request: usize,
+    prompt: u32,
+    output: u32,
+    chain: &[u64],
+    prompt_blocks: usize,
+) -> Job {
+    let start = store.len();
+    store.extend_from_slice(chain);
+    Job {
+        request,
+        prompt_tokens: prompt,
+        output_tokens: output,
+        blocks: start..start + prompt_blocks,
+        chain_end: store.len(),
+    }
+}
+
 #[cfg(test)]
 mod tests;

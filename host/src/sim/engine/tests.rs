@@ -559,15 +559,7 @@ fn engine_fleet(replicas: usize, scrape_interval_ms: f64) -> SimFleet {
         groups: vec![ReplicaGroup {
             replicas,
             profile_name: "test".into(),
-            profile: Profile::Engine(EngineParams {
-                kv_blocks: 100,
-                max_num_batched_tokens: 64,
-                max_num_seqs: 4,
-                step_overhead_ms: 1.0,
-                prefill_ms_per_token: 0.25,
-                decode_ms_per_sequence: 0.5,
-                context_ms_per_kilo_token: 0.0,
-            }),
+            profile: Profile::Engine(EngineParams::round_numbers(100)),
         }],
         ..SimFleet::default_fleet(1)
     }
@@ -619,12 +611,12 @@ fn the_step_engine_serves_a_burst_in_shared_steps() {
     assert_eq!(report.utilisation.busy, vec![1.0]);
 }
 
-/// Records the `running` count of replica 0 and its in-flight count as seen at each arrival,
-/// and sends everything to replica 0.
+/// Records the `running` count of replica 0 and its in-flight count as seen at each arrival;
+/// places like round-robin (everything on replica 0 of a one-replica fleet).
 #[derive(Default)]
 struct Watcher {
     seen: Vec<(f64, u32, u32)>,
-    decided: Vec<Decision>,
+    inner: RoundRobin,
 }
 
 impl SimRouter for Watcher {
@@ -633,17 +625,13 @@ impl SimRouter for Watcher {
     }
     fn submit(&mut self, now: f64, req: &SimRequest, fleet: &[ReplicaState]) {
         self.seen.push((now, fleet[0].running, fleet[0].in_flight));
-        self.decided.push(Decision {
-            request: req.id,
-            replica: Some(0),
-            note: None,
-        });
+        self.inner.submit(now, req, fleet);
     }
     fn next_wakeup(&self) -> Option<f64> {
-        None
+        self.inner.next_wakeup()
     }
-    fn poll(&mut self, _now: f64, _fleet: &[ReplicaState], out: &mut Vec<Decision>) {
-        out.append(&mut self.decided);
+    fn poll(&mut self, now: f64, fleet: &[ReplicaState], out: &mut Vec<Decision>) {
+        self.inner.poll(now, fleet, out);
     }
     fn on_complete(&mut self, _now: f64, _request: u64, _replica: usize) {}
 }

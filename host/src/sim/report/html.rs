@@ -34,43 +34,28 @@ pub(super) fn page(reports: &[PipelineReport]) -> String {
     );
     summary_table(&mut out, reports);
 
-    out.push_str("<h2>Time to first token</h2>\n");
-    let x_max = reports
-        .iter()
-        .filter_map(|r| r.ttft_cdf_ms.last().copied())
-        .fold(0.0, f64::max);
-    let lines: Vec<Line> = reports
-        .iter()
-        .enumerate()
-        .map(|(i, r)| Line {
-            label: r.name.clone(),
-            color: PALETTE[i % PALETTE.len()],
-            points: r
-                .ttft_cdf_ms
+    per_pipeline_chart(
+        &mut out,
+        reports,
+        ("Time to first token", "TTFT CDF"),
+        ("TTFT (ms)", "percentile"),
+        |r| {
+            r.ttft_cdf_ms
                 .iter()
                 .enumerate()
                 .map(|(p, &ms)| (ms, p as f64))
-                .collect(),
-        })
-        .collect();
-    chart(
-        &mut out,
-        "TTFT CDF",
-        "TTFT (ms)",
-        "percentile",
-        x_max,
-        100.0,
-        &lines,
+                .collect()
+        },
     );
-    legend(&mut out, &lines);
-
     serving_table(&mut out, reports);
     per_pipeline_chart(
         &mut out,
         reports,
-        "RL rollout steps: first arrival to last completion",
-        "step",
-        "duration (s)",
+        (
+            "RL rollout steps",
+            "first arrival to last completion, per step",
+        ),
+        ("step", "duration (s)"),
         |r| {
             r.rl_steps
                 .iter()
@@ -81,25 +66,22 @@ pub(super) fn page(reports: &[PipelineReport]) -> String {
     per_pipeline_chart(
         &mut out,
         reports,
-        "Busy share per replica (time in steps)",
-        "replica",
-        "busy (%)",
+        ("Busy share per replica", "time in steps"),
+        ("replica", "busy (%)"),
         |r| indexed(&r.utilisation.busy, 100.0),
     );
     per_pipeline_chart(
         &mut out,
         reports,
-        "KV blocks held per replica, time-averaged",
-        "replica",
-        "KV usage (%)",
+        ("KV blocks held per replica", "time-averaged"),
+        ("replica", "KV usage (%)"),
         |r| indexed(&r.utilisation.kv_usage, 100.0),
     );
     per_pipeline_chart(
         &mut out,
         reports,
-        "Sequences in the batch per replica, time-averaged",
-        "replica",
-        "sequences",
+        ("Sequences in the batch per replica", "time-averaged"),
+        ("replica", "sequences"),
         |r| indexed(&r.utilisation.batch, 1.0),
     );
 
@@ -232,13 +214,13 @@ fn indexed(values: &[f64], scale: f64) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// One chart with a line per pipeline, skipped when no pipeline has a point.
+/// One chart under a `(heading, title)` with `(x, y)` axis labels and a line per pipeline,
+/// skipped when no pipeline has a point.
 fn per_pipeline_chart(
     out: &mut String,
     reports: &[PipelineReport],
-    title: &str,
-    x_label: &str,
-    y_label: &str,
+    (heading, title): (&str, &str),
+    (x_label, y_label): (&str, &str),
     points: impl Fn(&PipelineReport) -> Vec<(f64, f64)>,
 ) {
     let lines: Vec<Line> = reports
@@ -259,7 +241,7 @@ fn per_pipeline_chart(
             .flat_map(|l| l.points.iter().map(f))
             .fold(0.0, f64::max)
     };
-    let _ = writeln!(out, "<h2>{}</h2>", escape(title));
+    let _ = writeln!(out, "<h2>{}</h2>", escape(heading));
     chart(
         out,
         title,

@@ -2,38 +2,15 @@
 
 use super::*;
 
+/// `job(store, request, prompt, output, chain, prompt_blocks)`: a job whose chain (its first
+/// `prompt_blocks` blocks the prompt's, the rest the known output blocks) is appended to
+/// `store`.
+use crate::sim::replica::job_in as job;
+
 /// 1 ms per step, 0.25 ms per prefill token, 0.5 ms per decoding sequence, no context cost;
 /// 64 tokens and 4 sequences per step, 16-token blocks.
 fn params(kv_blocks: usize) -> EngineParams {
-    EngineParams {
-        kv_blocks,
-        max_num_batched_tokens: 64,
-        max_num_seqs: 4,
-        step_overhead_ms: 1.0,
-        prefill_ms_per_token: 0.25,
-        decode_ms_per_sequence: 0.5,
-        context_ms_per_kilo_token: 0.0,
-    }
-}
-
-/// A job whose chain (prompt blocks, then `known_output_blocks` more) is appended to `store`.
-fn job(
-    store: &mut Vec<u64>,
-    request: usize,
-    prompt: u32,
-    output: u32,
-    chain: &[u64],
-    prompt_blocks: usize,
-) -> Job {
-    let start = store.len();
-    store.extend_from_slice(chain);
-    Job {
-        request,
-        prompt_tokens: prompt,
-        output_tokens: output,
-        blocks: start..start + prompt_blocks,
-        chain_end: store.len(),
-    }
+    EngineParams::round_numbers(kv_blocks)
 }
 
 /// Runs `arrivals` (time, job) on one replica and returns every step event with its time.
