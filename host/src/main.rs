@@ -481,7 +481,7 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
         fleet.describe()
     );
 
-    let mut routers: Vec<Box<dyn SimRouter>> = Vec::new();
+    let mut routers: Vec<Box<dyn SimRouter + Send>> = Vec::new();
     let main_name = simulate::pipeline_name(&config.path);
     routers.push(Box::new(
         simulate::pipeline_router(&main_name, &config, &options, &fleet, args.seed)
@@ -524,32 +524,71 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
     }
 
     let show_progress = std::io::stderr().is_terminal();
-    let mut reports = Vec::new();
-    for router in &mut routers {
-        let name = router.name().to_string();
-        let mut progress = |done: usize, total: usize| {
-            if show_progress && total > 0 {
-                let filled = done * 30 / total;
-                eprint!(
-                    "\r{name:<22} [{}{}] {done}/{total}",
-                    "#".repeat(filled),
-                    ".".repeat(30 - filled)
-                );
-                if done == total {
-                    eprintln!();
-                }
+    let run_one =
+        |router: &mut (dyn SimRouter + Send), progress: &mut dyn FnMut(usize, usize)| match &source
+        {
+            Requests::Trace(requests) => sim::run(requests, &fleet, router, progress),
+            Requests::Workload(workload) => {
+                sim::run_stream(total, workload.requests(), &fleet, router, progress)
             }
         };
-        reports.push(match &source {
-            Requests::Trace(requests) => sim::run(requests, &fleet, router.as_mut(), &mut progress),
-            Requests::Workload(workload) => sim::run_stream(
-                total,
-                workload.requests(),
-                &fleet,
-                router.as_mut(),
-                &mut progress,
-            ),
+    // The routers run side by side, one per core at most, and no more at once than the
+    // memory limit allows for as many runs; reports keep the routers' order, and every run
+    // is deterministic on its own, so the output does not depend on how many ran at once.
+    let per_run = match &source {
+        Requests::Workload(workload) => workload.memory_estimate().max(1),
+        Requests::Trace(_) => 1,
+    };
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(routers.len())
+        .min(usize::try_from(memory_limit / per_run).unwrap_or(usize::MAX))
+        .max(1);
+    let mut reports = Vec::with_capacity(routers.len());
+    if workers == 1 {
+        for router in &mut routers {
+            let name = router.name().to_string();
+            let mut progress = |done: usize, total: usize| {
+                if show_progress && total > 0 {
+                    let filled = done * 30 / total;
+                    eprint!(
+                        "\r{name:<22} [{}{}] {done}/{total}",
+                        "#".repeat(filled),
+                        ".".repeat(30 - filled)
+                    );
+                    if done == total {
+                        eprintln!();
+                    }
+                }
+            };
+            reports.push(run_one(router.as_mut(), &mut progress));
+        }
+    } else {
+        let queue: Vec<std::sync::Mutex<&mut Box<dyn SimRouter + Send>>> =
+            routers.iter_mut().map(std::sync::Mutex::new).collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let done = std::sync::Mutex::new(vec![None; queue.len()]);
+        std::thread::scope(|scope| {
+            for _ in 0..workers {
+                scope.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(cell) = queue.get(i) else {
+                        break;
+                    };
+                    let mut router = cell.lock().unwrap_or_else(|e| e.into_inner());
+                    let name = router.name().to_string();
+                    let mut progress = |finished: usize, total: usize| {
+                        if show_progress && total > 0 && finished == total {
+                            eprintln!("{name:<22} {finished}/{total} done");
+                        }
+                    };
+                    let report = run_one(router.as_mut(), &mut progress);
+                    done.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(report);
+                });
+            }
         });
+        let done = done.into_inner().unwrap_or_else(|e| e.into_inner());
+        reports.extend(done.into_iter().flatten());
     }
     println!("{}", sim::render_table(&reports));
     println!("{}", sim::render_serving_table(&reports));
