@@ -671,3 +671,81 @@ fn a_request_larger_than_the_pool_is_rejected_and_released() {
     let report = run_engine(&workload, &engine_fleet(1, 0.0), &mut RoundRobin::new());
     assert_eq!((report.completed, report.rejected), (1, 1));
 }
+
+#[test]
+fn the_step_engine_keeps_its_books_on_every_workload_and_is_deterministic() {
+    use crate::sim::workload::{MultiTurnParams, SharedPrefixParams};
+    use crate::sim::Workload;
+    let workloads = [
+        Workload::RlRollout(RlRolloutParams {
+            prompts: 6,
+            samples: 8,
+            steps: 2,
+            step_interval_ms: 500.0,
+            prompt_tokens_min: 100,
+            prompt_tokens_max: 300,
+            output_tokens_min: 10,
+            output_tokens_max: 60,
+            ..RlRolloutParams::default()
+        }),
+        Workload::SharedPrefix(SharedPrefixParams {
+            groups: 4,
+            prompts_per_group: 8,
+            system_prompt_tokens: 200,
+            question_tokens: 30,
+            output_tokens: 20,
+            requests_per_second: 200.0,
+            ..SharedPrefixParams::default()
+        }),
+        Workload::MultiTurn(MultiTurnParams {
+            sessions: 6,
+            turns: 4,
+            system_prompt_tokens: 100,
+            user_tokens_min: 10,
+            user_tokens_max: 50,
+            output_tokens_min: 10,
+            output_tokens_max: 40,
+            think_time_ms: 200.0,
+            sessions_per_second: 50.0,
+            ..MultiTurnParams::default()
+        }),
+    ];
+    // RL runs on 30 blocks of 16 tokens per replica: four running sequences of distinct
+    // prompts do not fit, so sequences are preempted and recomputed; the others on 1000.
+    // Debug builds check the engine's books at the end of each run.
+    for workload in &workloads {
+        let mut fleet = engine_fleet(2, 50.0);
+        if let Profile::Engine(params) = &mut fleet.groups[0].profile {
+            params.kv_blocks = if let Workload::RlRollout(_) = workload {
+                30
+            } else {
+                1000
+            };
+        }
+        let requests = workload.generate();
+        let run_both = || {
+            let a = run_engine(&requests, &fleet, &mut LeastInFlight::new());
+            let b = run_engine(&requests, &fleet, &mut RoundRobin::new());
+            (a, b)
+        };
+        let (a, b) = run_both();
+        for report in [&a, &b] {
+            assert_eq!(report.completed, report.requests, "{}", workload.name());
+            assert_eq!(
+                report.prefill_tokens_computed + report.prefill_tokens_cached,
+                report.prompt_tokens
+            );
+        }
+        if let Workload::RlRollout(_) = workload {
+            assert!(a.preemptions > 0 && a.recomputed_tokens > 0, "{a:?}");
+        }
+        if let Workload::MultiTurn(_) = workload {
+            // Later turns find their own history, answers included.
+            assert!(a.cache_hit_rate > 0.3, "{}", a.cache_hit_rate);
+        }
+        assert_eq!(
+            serde_json::to_string(&run_both().0).unwrap(),
+            serde_json::to_string(&a).unwrap()
+        );
+    }
+}
