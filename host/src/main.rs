@@ -9,7 +9,7 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use switchyard::config::{LoadedConfig, DEFAULT_CONFIG};
 use switchyard::pipeline::{build, load_registry, Options, Scheduler};
 use switchyard::plugins::inspect;
-use switchyard::sim::{self, FleetConfig, SimRouter, Workload};
+use switchyard::sim::{self, FleetConfig, SimFleet, SimRouter, Workload};
 use switchyard::{effective, jsonl, replay, simulate};
 
 /// The router allocates and frees request-sized buffers at a high rate; mimalloc keeps that
@@ -147,6 +147,14 @@ enum Command {
         /// Number of replicas.
         #[arg(long)]
         replicas: Option<usize>,
+        /// The replica model of every replica: a step-engine preset or `fixed-rate`
+        /// (default h100x2-qwen3-32b; see docs/simulate.md).
+        #[arg(long)]
+        profile: Option<String>,
+        /// A fleet file (TOML): groups of replicas with their profiles, block size, scrape
+        /// interval, latency objectives.
+        #[arg(long, conflicts_with_all = ["replicas", "profile"])]
+        fleet: Option<PathBuf>,
         /// More pipelines to compare (repeatable).
         #[arg(long = "compare")]
         compare: Vec<PathBuf>,
@@ -361,6 +369,8 @@ fn run(command: Command) -> Result<(), String> {
             overrides,
             trace,
             replicas,
+            profile,
+            fleet,
             compare,
             no_baselines,
             output,
@@ -372,6 +382,8 @@ fn run(command: Command) -> Result<(), String> {
             overrides,
             trace,
             replicas,
+            profile,
+            fleet,
             compare,
             no_baselines,
             output,
@@ -387,6 +399,8 @@ struct SimulateArgs {
     overrides: Vec<String>,
     trace: Option<PathBuf>,
     replicas: Option<usize>,
+    profile: Option<String>,
+    fleet: Option<PathBuf>,
     compare: Vec<PathBuf>,
     no_baselines: bool,
     output: Option<PathBuf>,
@@ -403,11 +417,24 @@ enum Requests {
 fn simulate_command(args: SimulateArgs) -> Result<(), String> {
     let options = args.common.options();
     let config = read_config(&args.common.config)?;
-    let mut fleet = FleetConfig::default();
-    if let Some(replicas) = args.replicas {
-        fleet.replicas = replicas;
-    }
-    fleet.validate().map_err(|e| format!("--replicas: {e}"))?;
+    let fleet = match &args.fleet {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            SimFleet::parse(path, &text).map_err(|e| e.to_string())?
+        }
+        None => {
+            let replicas = args.replicas.unwrap_or(FleetConfig::default().replicas);
+            let profile = args
+                .profile
+                .as_deref()
+                .unwrap_or(sim::profile::DEFAULT_PROFILE);
+            let fleet =
+                SimFleet::uniform(profile, replicas).map_err(|e| format!("--profile: {e}"))?;
+            fleet.validate().map_err(|e| format!("--replicas: {e}"))?;
+            fleet
+        }
+    };
     let (memory_limit, limit_source) = match &args.max_memory {
         Some(text) => (
             sim::parse_bytes(text).ok_or_else(|| {
@@ -464,11 +491,12 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
         Requests::Workload(workload) => workload.len(),
     };
     eprintln!(
-        "simulating {total} requests ({label}) on {} replicas",
-        fleet.replicas
+        "simulating {total} requests ({label}) on {} replicas ({})",
+        fleet.replicas(),
+        fleet.describe()
     );
 
-    let mut routers: Vec<Box<dyn SimRouter>> = Vec::new();
+    let mut routers: Vec<Box<dyn SimRouter + Send>> = Vec::new();
     let main_name = simulate::pipeline_name(&config.path);
     routers.push(Box::new(
         simulate::pipeline_router(&main_name, &config, &options, &fleet, args.seed)
@@ -511,34 +539,74 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
     }
 
     let show_progress = std::io::stderr().is_terminal();
-    let mut reports = Vec::new();
-    for router in &mut routers {
-        let name = router.name().to_string();
-        let mut progress = |done: usize, total: usize| {
-            if show_progress && total > 0 {
-                let filled = done * 30 / total;
-                eprint!(
-                    "\r{name:<22} [{}{}] {done}/{total}",
-                    "#".repeat(filled),
-                    ".".repeat(30 - filled)
-                );
-                if done == total {
-                    eprintln!();
-                }
+    let run_one =
+        |router: &mut (dyn SimRouter + Send), progress: &mut dyn FnMut(usize, usize)| match &source
+        {
+            Requests::Trace(requests) => sim::run(requests, &fleet, router, progress),
+            Requests::Workload(workload) => {
+                sim::run_stream(total, workload.requests(), &fleet, router, progress)
             }
         };
-        reports.push(match &source {
-            Requests::Trace(requests) => sim::run(requests, &fleet, router.as_mut(), &mut progress),
-            Requests::Workload(workload) => sim::run_stream(
-                total,
-                workload.requests(),
-                &fleet,
-                router.as_mut(),
-                &mut progress,
-            ),
+    // The routers run side by side, one per core at most, and no more at once than the
+    // memory limit allows for as many runs; reports keep the routers' order, and every run
+    // is deterministic on its own, so the output does not depend on how many ran at once.
+    let per_run = match &source {
+        Requests::Workload(workload) => workload.memory_estimate().max(1),
+        Requests::Trace(_) => 1,
+    };
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(routers.len())
+        .min(usize::try_from(memory_limit / per_run).unwrap_or(usize::MAX))
+        .max(1);
+    let mut reports = Vec::with_capacity(routers.len());
+    if workers == 1 {
+        for router in &mut routers {
+            let name = router.name().to_string();
+            let mut progress = |done: usize, total: usize| {
+                if show_progress && total > 0 {
+                    let filled = done * 30 / total;
+                    eprint!(
+                        "\r{name:<22} [{}{}] {done}/{total}",
+                        "#".repeat(filled),
+                        ".".repeat(30 - filled)
+                    );
+                    if done == total {
+                        eprintln!();
+                    }
+                }
+            };
+            reports.push(run_one(router.as_mut(), &mut progress));
+        }
+    } else {
+        let queue: Vec<std::sync::Mutex<&mut Box<dyn SimRouter + Send>>> =
+            routers.iter_mut().map(std::sync::Mutex::new).collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let done = std::sync::Mutex::new(vec![None; queue.len()]);
+        std::thread::scope(|scope| {
+            for _ in 0..workers {
+                scope.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(cell) = queue.get(i) else {
+                        break;
+                    };
+                    let mut router = cell.lock().unwrap_or_else(|e| e.into_inner());
+                    let name = router.name().to_string();
+                    let mut progress = |finished: usize, total: usize| {
+                        if show_progress && total > 0 && finished == total {
+                            eprintln!("{name:<22} {finished}/{total} done");
+                        }
+                    };
+                    let report = run_one(router.as_mut(), &mut progress);
+                    done.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(report);
+                });
+            }
         });
+        let done = done.into_inner().unwrap_or_else(|e| e.into_inner());
+        reports.extend(done.into_iter().flatten());
     }
     println!("{}", sim::render_table(&reports));
+    println!("{}", sim::render_serving_table(&reports));
     if let Some(dir) = &args.output {
         sim::write_reports(dir, &reports)
             .map_err(|e| format!("writing reports to {}: {e}", dir.display()))?;

@@ -8,7 +8,7 @@ use switchyard_plugin_api::{EndpointMetrics, Outcome};
 
 use crate::config::{ConfigError, LoadedConfig};
 use crate::pipeline::{build, load_registry, Endpoint, Fleet, Options, Prompt, Request, Scheduler};
-use crate::sim::{self, FleetConfig, ReplicaState, SimRequest, SimRouter};
+use crate::sim::{self, ReplicaState, SimFleet, SimRequest, SimRouter};
 
 /// The reference's default pipeline (approximate prefix cache + load), run as a baseline.
 pub const APPROX_BASELINE: &str = include_str!("../../configs/approx-prefix-load.toml");
@@ -19,16 +19,19 @@ pub struct PipelineRouter {
     name: String,
     scheduler: Scheduler,
     decided: Vec<sim::Decision>,
-    fleet: FleetConfig,
+    block_size: u32,
+    /// KV blocks of each replica.
+    blocks: Vec<u64>,
 }
 
 impl PipelineRouter {
-    pub fn new(name: String, scheduler: Scheduler, fleet: FleetConfig) -> Self {
+    pub fn new(name: String, scheduler: Scheduler, fleet: &SimFleet) -> Self {
         PipelineRouter {
             name,
             scheduler,
             decided: Vec::new(),
-            fleet,
+            block_size: fleet.block_size_tokens as u32,
+            blocks: fleet.blocks_per_replica(),
         }
     }
 
@@ -37,15 +40,16 @@ impl PipelineRouter {
     }
 
     fn sync(&mut self, replicas: &[ReplicaState]) {
-        let block = self.fleet.block_size_tokens as u32;
-        let blocks = self.fleet.cache_capacity_blocks as u64;
+        let block = self.block_size;
         self.scheduler
-            .update_metrics(replicas.iter().map(|r| EndpointMetrics {
-                running_requests: r.running,
-                waiting_requests: r.waiting,
-                kv_cache_usage: r.kv_usage,
-                cache_block_size: block,
-                cache_num_blocks: blocks,
+            .update_metrics(replicas.iter().zip(&self.blocks).map(|(r, &blocks)| {
+                EndpointMetrics {
+                    running_requests: r.running,
+                    waiting_requests: r.waiting,
+                    kv_cache_usage: r.kv_usage,
+                    cache_block_size: block,
+                    cache_num_blocks: blocks,
+                }
             }));
     }
 
@@ -113,16 +117,19 @@ impl SimRouter for PipelineRouter {
 }
 
 /// The simulated replicas as endpoints.
-pub fn sim_fleet(fleet: &FleetConfig) -> Fleet {
+pub fn sim_fleet(fleet: &SimFleet) -> Fleet {
     Fleet::new(
-        (0..fleet.replicas)
-            .map(|i| Endpoint {
+        fleet
+            .blocks_per_replica()
+            .into_iter()
+            .enumerate()
+            .map(|(i, blocks)| Endpoint {
                 id: format!("/replica-{i}"),
                 address: format!("replica-{i}:8000"),
                 role: String::new(),
                 metrics: EndpointMetrics {
                     cache_block_size: fleet.block_size_tokens as u32,
-                    cache_num_blocks: fleet.cache_capacity_blocks as u64,
+                    cache_num_blocks: blocks,
                     ..EndpointMetrics::default()
                 },
             })
@@ -135,17 +142,13 @@ pub fn pipeline_router(
     name: &str,
     config: &LoadedConfig,
     options: &Options,
-    fleet: &FleetConfig,
+    fleet: &SimFleet,
     seed: u64,
 ) -> Result<PipelineRouter, ConfigError> {
     let registry = load_registry(config, options)?;
     let pipeline = build(config, &registry, options)?;
     let scheduler = Scheduler::new(Arc::new(pipeline), sim_fleet(fleet), seed);
-    Ok(PipelineRouter::new(
-        name.to_string(),
-        scheduler,
-        fleet.clone(),
-    ))
+    Ok(PipelineRouter::new(name.to_string(), scheduler, fleet))
 }
 
 /// The approx-prefix + load baseline, resolving its libraries like the main config's.

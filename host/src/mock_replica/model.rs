@@ -141,6 +141,7 @@ impl Model {
                 prompt_tokens: new.prompt_tokens,
                 output_tokens: new.output_tokens,
                 blocks: 0..new.chain.len(),
+                chain_end: new.chain.len(),
             };
             self.chains.0.insert(new.id, new.chain);
             self.live.insert(

@@ -64,7 +64,8 @@ pub(crate) fn check_float(
     Ok(())
 }
 
-/// The simulated fleet: `replicas` identical model servers.
+/// `replicas` identical model servers under the `fixed-rate` model (the parameters of that
+/// profile; [`super::SimFleet`] describes a whole fleet, step-engine replicas included).
 ///
 /// Each replica prefills one request at a time at `prefillTokensPerSecond`, charging only the
 /// tokens not covered by its prefix cache; it decodes every admitted sequence concurrently at

@@ -1,11 +1,12 @@
 //! The discrete-event loop: arrivals, router polls and wakeups, and replica prefill and decode
 //! completions, in virtual time.
 
-use super::config::FleetConfig;
+use super::fleet::{Profile, SimFleet};
 use super::kv_cache::HashBuild;
-use super::replica::{Job, PrefillStart, Replica};
+use super::replica::{Job, PrefillStart, Replica, ReplicaStats};
 use super::report::PipelineReport;
 use super::router::{Decision, ReplicaState, SimRequest, SimRouter};
+use super::stepper::{StepEvent, StepReplica};
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::iter::Peekable;
@@ -39,18 +40,59 @@ pub(crate) struct RequestRecord {
     pub status: Status,
     pub replica: Option<usize>,
     pub decided_ms: f64,
+    /// When its prefill was first scheduled on the replica (the end of its queue wait).
+    pub scheduled_ms: f64,
     pub first_token_ms: f64,
     pub done_ms: f64,
     pub cached_tokens: u32,
     pub computed_tokens: u32,
+    /// Whether the prefix hit was as long as the replica's model allows.
+    pub full_hit: bool,
     pub job: Job,
+}
+
+/// A replica under one of the two models.
+#[derive(Debug)]
+pub(crate) enum SimReplica {
+    Fixed(Replica),
+    Stepped(StepReplica),
+}
+
+impl SimReplica {
+    fn new(profile: &Profile, block_size: usize) -> SimReplica {
+        match profile {
+            Profile::FixedRate(cfg) => {
+                SimReplica::Fixed(Replica::new(&super::config::FleetConfig {
+                    block_size_tokens: block_size,
+                    ..cfg.clone()
+                }))
+            }
+            Profile::Engine(params) => SimReplica::Stepped(StepReplica::new(params, block_size)),
+        }
+    }
+
+    fn state(&self) -> ReplicaState {
+        match self {
+            SimReplica::Fixed(r) => r.state(),
+            SimReplica::Stepped(r) => r.state(),
+        }
+    }
+
+    pub fn stats(&self) -> &ReplicaStats {
+        match self {
+            SimReplica::Fixed(r) => r.stats(),
+            SimReplica::Stepped(r) => r.stats(),
+        }
+    }
 }
 
 /// Everything the report is computed from.
 pub(crate) struct RunOutcome {
     /// One per request of the workload, in arrival order.
     pub records: Vec<RequestRecord>,
-    pub replicas: Vec<Replica>,
+    pub replicas: Vec<SimReplica>,
+    /// TTFT and time-per-output-token objectives, ms.
+    pub objectives: (f64, f64),
     /// Distinct full-block hashes over the requests sent to a replica.
     pub distinct_blocks: u64,
     pub block_size: usize,
@@ -64,6 +106,8 @@ enum EventKind {
     Wakeup,
     PrefillDone(usize),
     DecodeDone(usize),
+    /// A step of replica r ends.
+    StepDone(usize),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -106,7 +150,7 @@ impl Ord for Event {
 /// rejected), and once at the end.
 pub fn run(
     workload: &[SimRequest],
-    fleet: &FleetConfig,
+    fleet: impl Into<SimFleet>,
     router: &mut dyn SimRouter,
     progress: &mut dyn FnMut(usize, usize),
 ) -> PipelineReport {
@@ -115,7 +159,7 @@ pub fn run(
     run_stream(
         workload.len(),
         order.into_iter().cloned(),
-        fleet,
+        &fleet.into(),
         router,
         progress,
     )
@@ -128,7 +172,7 @@ pub fn run(
 pub fn run_stream(
     total: usize,
     requests: impl Iterator<Item = SimRequest>,
-    fleet: &FleetConfig,
+    fleet: &SimFleet,
     router: &mut dyn SimRouter,
     progress: &mut dyn FnMut(usize, usize),
 ) -> PipelineReport {
@@ -164,8 +208,16 @@ struct Sim<I: Iterator<Item = SimRequest>> {
     /// Per chain (by its start in `hashes`), the end of the part already in `distinct`: the
     /// samples of a prompt add its blocks once, not once each.
     counted: HashMap<usize, usize>,
-    replicas: Vec<Replica>,
+    replicas: Vec<SimReplica>,
+    /// Each replica as it is now.
+    truth: Vec<ReplicaState>,
+    /// Each replica as the router sees it: metrics as of the last scrape, in-flight counts
+    /// exact.
     view: Vec<ReplicaState>,
+    scrape_interval_ms: f64,
+    next_scrape_ms: f64,
+    objectives: (f64, f64),
+    step_events: Vec<StepEvent>,
     events: BinaryHeap<Reverse<Event>>,
     seq: u64,
     now: f64,
@@ -177,10 +229,13 @@ struct Sim<I: Iterator<Item = SimRequest>> {
 }
 
 impl<I: Iterator<Item = SimRequest>> Sim<I> {
-    fn new(total: usize, incoming: Peekable<I>, fleet: &FleetConfig) -> Self {
+    fn new(total: usize, incoming: Peekable<I>, fleet: &SimFleet) -> Self {
         let block_size = fleet.block_size_tokens.max(1);
-        let replicas: Vec<Replica> = (0..fleet.replicas).map(|_| Replica::new(fleet)).collect();
-        let view = replicas.iter().map(Replica::state).collect();
+        let replicas: Vec<SimReplica> = fleet
+            .profiles()
+            .map(|p| SimReplica::new(p, block_size))
+            .collect();
+        let truth: Vec<ReplicaState> = replicas.iter().map(SimReplica::state).collect();
         Sim {
             incoming,
             total,
@@ -193,7 +248,12 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             distinct: HashSet::default(),
             counted: HashMap::new(),
             replicas,
-            view,
+            view: truth.clone(),
+            truth,
+            scrape_interval_ms: fleet.scrape_interval_ms,
+            next_scrape_ms: 0.0,
+            objectives: (fleet.ttft_objective_ms, fleet.tpot_objective_ms),
+            step_events: Vec::new(),
             events: BinaryHeap::new(),
             seq: 0,
             now: 0.0,
@@ -227,22 +287,27 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
     /// time the buffer is seen. A buffer's chain covers all its full blocks, and a prefix of
     /// the buffer has a prefix of that chain, since every block's hash chains on the ones
     /// before it.
-    fn chain_of(&mut self, req: &SimRequest) -> Range<usize> {
+    ///
+    /// The second value is where the chain continued over the request's output ends: the
+    /// buffer's tokens after the prompt are taken to be the output where the buffer has them
+    /// (a multi-turn session's buffer holds each answer before the next message).
+    fn chain_of(&mut self, req: &SimRequest) -> (Range<usize>, usize) {
         let seed = prompt_seed(&req.model, &req.cache_salt);
         let bs = self.block_size;
         let full_blocks = req.tokens.len() / bs;
         let buffer = req.tokens.buffer();
+        let with_output = (req.tokens.len() + req.output_tokens as usize).min(buffer.len()) / bs;
         let key = Arc::as_ptr(buffer) as *const u32 as usize;
         if let Some(c) = self.chains.get(&key) {
             if c.seed == seed && Arc::ptr_eq(&c.buffer, buffer) {
-                return c.start..c.start + full_blocks;
+                return (c.start..c.start + full_blocks, c.start + with_output);
             }
         }
         let start = self.hashes.len();
         if Arc::strong_count(buffer) == 1 {
             // Nothing else holds the buffer: no later request can share it.
             hash_prompt_into(seed, &req.tokens, bs, full_blocks, &mut self.hashes);
-            return start..self.hashes.len();
+            return (start..self.hashes.len(), self.hashes.len());
         }
         hash_prompt_into(seed, buffer, bs, buffer.len() / bs, &mut self.hashes);
         if self.chains.len() >= self.sweep_at {
@@ -257,7 +322,7 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
                 start,
             },
         );
-        start..start + full_blocks
+        (start..start + full_blocks, start + with_output)
     }
 
     fn schedule(&mut self, at: f64, kind: EventKind) {
@@ -277,6 +342,7 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             if at > self.now {
                 self.idle_wakeups = 0;
             }
+            self.scrape(at);
             self.now = self.now.max(at);
             match kind {
                 EventKind::Arrival => {
@@ -291,6 +357,7 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
                 }
                 EventKind::PrefillDone(r) => self.prefill_done(r),
                 EventKind::DecodeDone(i) => self.decode_done(i, router),
+                EventKind::StepDone(r) => self.step_done(r, router),
             }
             let decided = self.poll(router);
             if matches!(kind, EventKind::Wakeup) && decided == 0 {
@@ -300,12 +367,37 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             self.report_progress(progress);
         }
         progress(self.finished, self.total);
+        if cfg!(debug_assertions) && self.finished == self.total {
+            for (r, replica) in self.replicas.iter().enumerate() {
+                if let SimReplica::Stepped(s) = replica {
+                    if let Err(e) = s.check_drained() {
+                        panic!("replica {r}: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Refreshes the router's view of the metrics when a scrape came due before `at`: the
+    /// replicas have not changed since the last event, so they are as they were at the scrape.
+    fn scrape(&mut self, at: f64) {
+        if self.scrape_interval_ms > 0.0 && at >= self.next_scrape_ms {
+            for (view, truth) in self.view.iter_mut().zip(&self.truth) {
+                *view = *truth;
+            }
+            let interval = self.scrape_interval_ms;
+            self.next_scrape_ms = ((at / interval).floor() + 1.0) * interval;
+        }
     }
 
     fn arrive(&mut self, req: SimRequest, router: &mut dyn SimRouter) {
         let i = self.records.len();
         let duplicate = self.index_of.contains_key(&req.id);
-        let blocks = if duplicate { 0..0 } else { self.chain_of(&req) };
+        let (blocks, chain_end) = if duplicate {
+            (0..0, 0)
+        } else {
+            self.chain_of(&req)
+        };
         self.records.push(RequestRecord {
             id: req.id,
             arrival_ms: req.arrival_ms,
@@ -314,15 +406,18 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             status: Status::Pending,
             replica: None,
             decided_ms: f64::NAN,
+            scheduled_ms: f64::NAN,
             first_token_ms: f64::NAN,
             done_ms: f64::NAN,
             cached_tokens: 0,
             computed_tokens: 0,
+            full_hit: false,
             job: Job {
                 request: i,
                 prompt_tokens: u32::try_from(req.tokens.len()).unwrap_or(u32::MAX),
                 output_tokens: req.output_tokens,
                 blocks,
+                chain_end,
             },
         });
         if duplicate {
@@ -349,7 +444,7 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             decided += 1;
             self.records[i].decided_ms = self.now;
             match d.replica {
-                Some(r) if r < self.replicas.len() => self.dispatch(i, r),
+                Some(r) if r < self.replicas.len() => self.dispatch(i, r, router),
                 _ => {
                     self.records[i].status = Status::Rejected;
                     self.finished += 1;
@@ -360,7 +455,7 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
         decided
     }
 
-    fn dispatch(&mut self, i: usize, r: usize) {
+    fn dispatch(&mut self, i: usize, r: usize, router: &mut dyn SimRouter) {
         let record = &mut self.records[i];
         record.status = Status::Dispatched;
         record.replica = Some(r);
@@ -373,12 +468,72 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             self.distinct.extend(&self.hashes[*counted..job.blocks.end]);
             *counted = job.blocks.end;
         }
-        let started = self.replicas[r].dispatch(self.now, job, &self.hashes);
-        self.started(r, started);
+        match &mut self.replicas[r] {
+            SimReplica::Fixed(replica) => {
+                let started = replica.dispatch(self.now, job, &self.hashes);
+                self.started(r, started);
+            }
+            SimReplica::Stepped(replica) => {
+                if !replica.fits(&job) {
+                    // Longer than the replica's whole KV pool: refused, as an engine refuses
+                    // a request over its maximum length.
+                    self.records[i].status = Status::Rejected;
+                    self.records[i].replica = None;
+                    self.finished += 1;
+                    router.on_complete(self.now, self.records[i].id, r);
+                    return;
+                }
+                if let Some(at) = replica.dispatch(self.now, job) {
+                    self.schedule(at, EventKind::StepDone(r));
+                }
+                self.refresh(r);
+            }
+        }
+    }
+
+    fn step_done(&mut self, r: usize, router: &mut dyn SimRouter) {
+        let SimReplica::Stepped(replica) = &mut self.replicas[r] else {
+            return;
+        };
+        let mut events = std::mem::take(&mut self.step_events);
+        let next = replica.finish_step(self.now, &self.hashes, &mut events);
+        if let Some(at) = next {
+            self.schedule(at, EventKind::StepDone(r));
+        }
+        self.refresh(r);
+        for event in events.drain(..) {
+            match event {
+                StepEvent::FirstToken {
+                    request,
+                    cached_tokens,
+                    computed_tokens,
+                    scheduled_at,
+                    full_hit,
+                } => {
+                    let record = &mut self.records[request];
+                    record.first_token_ms = self.now;
+                    record.scheduled_ms = scheduled_at;
+                    record.cached_tokens = cached_tokens;
+                    record.computed_tokens = computed_tokens;
+                    record.full_hit = full_hit;
+                }
+                StepEvent::Done { request } => {
+                    let record = &mut self.records[request];
+                    record.status = Status::Completed;
+                    record.done_ms = self.now;
+                    self.finished += 1;
+                    router.on_complete(self.now, record.id, r);
+                }
+            }
+        }
+        self.step_events = events;
     }
 
     fn prefill_done(&mut self, r: usize) {
-        let (ended, started) = self.replicas[r].finish_prefill(self.now, &self.hashes);
+        let SimReplica::Fixed(replica) = &mut self.replicas[r] else {
+            return;
+        };
+        let (ended, started) = replica.finish_prefill(self.now, &self.hashes);
         if let Some(end) = ended {
             self.records[end.request].first_token_ms = self.now;
             self.schedule(end.done_at, EventKind::DecodeDone(end.request));
@@ -390,10 +545,13 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
         let Some(r) = self.records[i].replica else {
             return;
         };
+        let SimReplica::Fixed(replica) = &mut self.replicas[r] else {
+            return;
+        };
         let record = &mut self.records[i];
         record.status = Status::Completed;
         record.done_ms = self.now;
-        let started = self.replicas[r].complete(self.now, &record.job, &self.hashes);
+        let started = replica.complete(self.now, &record.job, &self.hashes);
         self.started(r, started);
         self.finished += 1;
         router.on_complete(self.now, self.records[i].id, r);
@@ -402,12 +560,29 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
     /// Books a prefill that has just started on replica `r` and refreshes `r`'s view.
     fn started(&mut self, r: usize, started: Option<PrefillStart>) {
         if let Some(s) = started {
+            let bs = self.block_size as u32;
             let record = &mut self.records[s.request];
             record.cached_tokens = s.cached_tokens;
             record.computed_tokens = s.computed_tokens;
+            record.scheduled_ms = self.now;
+            let prompt = record.job.prompt_tokens;
+            record.full_hit = s.cached_tokens >= prompt - prompt % bs;
             self.schedule(s.done_at, EventKind::PrefillDone(r));
         }
-        self.view[r] = self.replicas[r].state();
+        self.refresh(r);
+    }
+
+    /// Replica `r` changed: its truth is refreshed, and so is the router's view of it —
+    /// wholly when metrics are fresh at every event, only its in-flight count otherwise.
+    fn refresh(&mut self, r: usize) {
+        let state = self.replicas[r].state();
+        self.truth[r] = state;
+        if self.scrape_interval_ms > 0.0 {
+            self.view[r].in_flight_tokens = state.in_flight_tokens;
+            self.view[r].in_flight = state.in_flight;
+        } else {
+            self.view[r] = state;
+        }
     }
 
     fn schedule_wakeup(&mut self, router: &dyn SimRouter) {
@@ -439,6 +614,7 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
         RunOutcome {
             records: self.records,
             replicas: self.replicas,
+            objectives: self.objectives,
             distinct_blocks: self.distinct.len() as u64,
             block_size: self.block_size,
             end_ms: self.now,

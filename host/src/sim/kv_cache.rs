@@ -46,6 +46,7 @@ pub struct BlockCache {
     oldest: u32,
     /// Most recently used node.
     newest: u32,
+    evictions: u64,
 }
 
 impl BlockCache {
@@ -57,6 +58,7 @@ impl BlockCache {
             nodes: Vec::new(),
             oldest: NIL,
             newest: NIL,
+            evictions: 0,
         }
     }
 
@@ -66,6 +68,11 @@ impl BlockCache {
 
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
+    }
+
+    /// Blocks dropped to make room so far.
+    pub fn evictions(&self) -> u64 {
+        self.evictions
     }
 
     pub fn contains(&self, hash: u64) -> bool {
@@ -112,6 +119,7 @@ impl BlockCache {
             (self.nodes.len() - 1) as u32
         } else {
             let victim = self.oldest;
+            self.evictions += 1;
             self.unlink(victim);
             self.slots.remove(&self.nodes[victim as usize].hash);
             self.nodes[victim as usize].hash = hash;

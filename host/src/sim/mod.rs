@@ -7,15 +7,20 @@
 
 pub mod config;
 pub mod engine;
+pub mod fleet;
 pub mod kv_cache;
+pub mod kv_pool;
+pub mod profile;
 pub mod replica;
 pub mod report;
 pub mod router;
+pub mod stepper;
 pub mod workload;
 
 pub use config::{FleetConfig, ParamError};
 pub use engine::{run, run_stream};
-pub use report::{render_table, write_reports, PipelineReport};
+pub use fleet::{Profile, ReplicaGroup, SimFleet};
+pub use report::{render_serving_table, render_table, write_reports, PipelineReport};
 pub use router::{
     Decision, LeastInFlight, ReplicaState, RoundRobin, SimRequest, SimRouter, Tokens,
 };

@@ -25,18 +25,32 @@ use std::ops::Range;
 /// chain in one vector (`Job::blocks` indexes it); a long-running owner can keep one chain per
 /// live job instead.
 pub trait BlockStore {
+    /// The prompt's full-block chain.
     fn chain(&self, job: &Job) -> &[u64];
+    /// The prompt's chain continued over the blocks its output tokens fill, as far as the
+    /// output's tokens are known (a multi-turn session's next turn repeats the answer).
+    fn full_chain(&self, job: &Job) -> &[u64] {
+        self.chain(job)
+    }
 }
 
 impl BlockStore for [u64] {
     fn chain(&self, job: &Job) -> &[u64] {
         &self[job.blocks.clone()]
     }
+
+    fn full_chain(&self, job: &Job) -> &[u64] {
+        &self[job.blocks.start..job.chain_end.max(job.blocks.end)]
+    }
 }
 
 impl BlockStore for Vec<u64> {
     fn chain(&self, job: &Job) -> &[u64] {
         self.as_slice().chain(job)
+    }
+
+    fn full_chain(&self, job: &Job) -> &[u64] {
+        self.as_slice().full_chain(job)
     }
 }
 
@@ -50,6 +64,9 @@ pub struct Job {
     /// The request's full-block hash chain, as a range of the engine's hash store (a
     /// [`BlockStore`] other than a slice may ignore it).
     pub blocks: Range<usize>,
+    /// Where the chain continued over the output's blocks ends in the store (`blocks.end`
+    /// when the output's tokens are not known).
+    pub chain_end: usize,
 }
 
 /// A prefill that has just started.
@@ -90,6 +107,9 @@ pub struct Replica {
     stats: ReplicaStats,
     /// Whether `stats.load_points` grows; off for a replica that runs indefinitely.
     load_history: bool,
+    /// When the occupancy last changed, and the running count and KV usage since then.
+    last_change: f64,
+    held: (u32, f64),
 }
 
 /// What a replica did over a run.
@@ -103,6 +123,34 @@ pub struct ReplicaStats {
     pub peak_load: u32,
     /// `(time, running + waiting)` at every change.
     pub load_points: Vec<(f64, u32)>,
+    /// Sequences preempted to free KV blocks (step engine; 0 under fixed rate).
+    pub preemptions: u64,
+    /// Cached blocks dropped to make room.
+    pub evictions: u64,
+    /// Tokens computed again after a preemption.
+    pub recomputed_tokens: u64,
+    /// Time spent working: in steps (step engine), with a sequence admitted (fixed rate).
+    pub busy_ms: f64,
+    /// Integral of the KV usage (0..=1) over time, in ms.
+    pub kv_usage_ms: f64,
+    /// Integral of the sequences in the batch over time, in ms.
+    pub batch_seq_ms: f64,
+}
+
+impl ReplicaStats {
+    /// Notes the occupancy `load` (running + waiting) at `now`, in `load_points` when
+    /// `history`.
+    pub(crate) fn record_load(&mut self, now: f64, load: u32, history: bool) {
+        self.peak_load = self.peak_load.max(load);
+        if !history {
+            return;
+        }
+        match self.load_points.last_mut() {
+            Some(last) if last.0 == now => last.1 = load,
+            Some(last) if last.1 == load => {}
+            _ => self.load_points.push((now, load)),
+        }
+    }
 }
 
 impl Replica {
@@ -123,6 +171,8 @@ impl Replica {
             in_flight_tokens: 0,
             stats: ReplicaStats::default(),
             load_history: true,
+            last_change: 0.0,
+            held: (0, 0.0),
         }
     }
 
@@ -145,6 +195,7 @@ impl Replica {
             waiting: self.waiting.len() as u32,
             kv_usage: (self.footprint_blocks as f64 / self.capacity_blocks as f64).min(1.0),
             in_flight_tokens: self.in_flight_tokens,
+            in_flight: self.load(),
         }
     }
 
@@ -289,16 +340,41 @@ impl Replica {
     }
 
     fn record_load(&mut self, now: f64) {
+        // The state held since the last change, integrated before it changes.
+        let held = (now - self.last_change).max(0.0);
+        let (running, kv_usage) = self.held;
+        if running > 0 {
+            self.stats.busy_ms += held;
+        }
+        self.stats.kv_usage_ms += held * kv_usage;
+        self.stats.batch_seq_ms += held * f64::from(running);
+        self.last_change = self.last_change.max(now);
+        self.held = (self.running, self.state().kv_usage);
+        self.stats.evictions = self.cache.evictions();
         let load = self.load();
-        self.stats.peak_load = self.stats.peak_load.max(load);
-        if !self.load_history {
-            return;
-        }
-        match self.stats.load_points.last_mut() {
-            Some(last) if last.0 == now => last.1 = load,
-            Some(last) if last.1 == load => {}
-            _ => self.stats.load_points.push((now, load)),
-        }
+        self.stats.record_load(now, load, self.load_history);
+    }
+}
+
+/// Appends `chain` to `store` and returns the job over it, its first `prompt_blocks` blocks
+/// the prompt's, the rest its output's.
+#[cfg(test)]
+pub(crate) fn job_in(
+    store: &mut Vec<u64>,
+    request: usize,
+    prompt: u32,
+    output: u32,
+    chain: &[u64],
+    prompt_blocks: usize,
+) -> Job {
+    let start = store.len();
+    store.extend_from_slice(chain);
+    Job {
+        request,
+        prompt_tokens: prompt,
+        output_tokens: output,
+        blocks: start..start + prompt_blocks,
+        chain_end: store.len(),
     }
 }
 

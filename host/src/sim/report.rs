@@ -43,6 +43,22 @@ const LOAD_BUCKETS: usize = 200;
 /// * `ttft_cdf_ms` — 101 TTFT percentiles, 0 to 100 (empty when nothing completed).
 /// * `load_series` — `{bucket_ms, per_replica}`: for each replica, the peak running +
 ///   waiting in each of up to 200 equal time buckets from 0 to `makespan_ms`.
+/// * `throughput` — `{requests_per_s, output_tokens_per_s}` of completed requests over
+///   `makespan_ms`.
+/// * `goodput` — `{ttft_objective_ms, tpot_objective_ms, requests, requests_per_s, share}`:
+///   completed requests whose TTFT and time per output token are both within the objectives.
+/// * `queue_wait_ms` — decision → first scheduled on the replica; `prefill_ms` — first
+///   scheduled → first token; `tpot_ms` — (last token − first token) / (output tokens − 1),
+///   over completed requests with more than one output token. Same shape as `ttft_ms`.
+/// * `preemptions`, `evictions`, `recomputed_tokens` — over all replicas: sequences preempted
+///   for KV blocks, cached blocks dropped to make room, tokens computed again after a
+///   preemption.
+/// * `utilisation` — per replica, time-averaged over `makespan_ms`: `busy` (share of time in
+///   steps; fixed rate: with a sequence admitted), `kv_usage` (share of KV blocks held),
+///   `batch` (sequences in the batch).
+/// * `rl_steps` — for workloads with step tags: per step, `{step, requests, start_ms,
+///   done_ms, duration_ms}` (first arrival → last completion of the step, what a trainer
+///   waits for); `rl_step_total_ms` their durations added up. `[]` and `null` otherwise.
 ///
 /// Percentiles use the nearest-rank method; empty sets give 0.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -65,6 +81,53 @@ pub struct PipelineReport {
     pub makespan_ms: f64,
     pub ttft_cdf_ms: Vec<f64>,
     pub load_series: LoadSeries,
+    pub throughput: Throughput,
+    pub goodput: Goodput,
+    pub queue_wait_ms: Summary,
+    pub prefill_ms: Summary,
+    pub tpot_ms: Summary,
+    pub preemptions: u64,
+    pub evictions: u64,
+    pub recomputed_tokens: u64,
+    pub utilisation: Utilisation,
+    pub rl_steps: Vec<RlStep>,
+    pub rl_step_total_ms: Option<f64>,
+}
+
+/// Completed work per second of the run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Throughput {
+    pub requests_per_s: f64,
+    pub output_tokens_per_s: f64,
+}
+
+/// Completed requests within both latency objectives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Goodput {
+    pub ttft_objective_ms: f64,
+    pub tpot_objective_ms: f64,
+    pub requests: u64,
+    pub requests_per_s: f64,
+    /// `requests` over completed requests (0 when none completed).
+    pub share: f64,
+}
+
+/// Time-averaged use of each replica.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Utilisation {
+    pub busy: Vec<f64>,
+    pub kv_usage: Vec<f64>,
+    pub batch: Vec<f64>,
+}
+
+/// When one RL rollout step's requests started arriving and when the last one finished.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RlStep {
+    pub step: u32,
+    pub requests: u64,
+    pub start_ms: f64,
+    pub done_ms: f64,
+    pub duration_ms: f64,
 }
 
 /// Count, mean and nearest-rank percentiles of a sample.
@@ -126,6 +189,11 @@ impl PipelineReport {
         let mut counts = [0u64; 3];
         let (mut prompt_tokens, mut computed, mut cached, mut tails) = (0u64, 0u64, 0u64, 0u64);
         let (mut ttft, mut e2e, mut wait) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut queue, mut prefill, mut tpot) = (Vec::new(), Vec::new(), Vec::new());
+        let (ttft_objective, tpot_objective) = run.objectives;
+        let (mut output_tokens, mut good) = (0u64, 0u64);
+        // step → (requests, first arrival, last completion)
+        let mut steps: BTreeMap<u32, (u64, f64, f64)> = BTreeMap::new();
         // (step, group) → replicas that prefilled part of the group's block-aligned prompt.
         let mut prefillers: BTreeMap<(u32, u64), Vec<usize>> = BTreeMap::new();
 
@@ -138,6 +206,14 @@ impl PipelineReport {
             if !rec.decided_ms.is_nan() {
                 wait.push(rec.decided_ms - rec.arrival_ms);
             }
+            if let Some(step) = rec.step {
+                let entry = steps.entry(step).or_insert((0, f64::INFINITY, 0.0));
+                entry.0 += 1;
+                entry.1 = entry.1.min(rec.arrival_ms);
+                if rec.status == Status::Completed {
+                    entry.2 = entry.2.max(rec.done_ms);
+                }
+            }
             let Some(replica) = rec.replica else {
                 continue;
             };
@@ -147,18 +223,38 @@ impl PipelineReport {
             cached += u64::from(rec.cached_tokens);
             tails += len % bs;
             if rec.status == Status::Completed {
-                ttft.push(rec.first_token_ms - rec.arrival_ms);
+                let first = rec.first_token_ms - rec.arrival_ms;
+                ttft.push(first);
                 e2e.push(rec.done_ms - rec.arrival_ms);
+                queue.push(rec.scheduled_ms - rec.decided_ms);
+                prefill.push(rec.first_token_ms - rec.scheduled_ms);
+                output_tokens += u64::from(rec.job.output_tokens);
+                let per_token = if rec.job.output_tokens > 1 {
+                    let t =
+                        (rec.done_ms - rec.first_token_ms) / f64::from(rec.job.output_tokens - 1);
+                    tpot.push(t);
+                    t
+                } else {
+                    0.0
+                };
+                if first <= ttft_objective && per_token <= tpot_objective {
+                    good += 1;
+                }
             }
             if let Some(step) = rec.step {
                 let holders = prefillers.entry((step, rec.group)).or_default();
-                let aligned = len - len % bs;
-                if u64::from(rec.cached_tokens) < aligned && !holders.contains(&replica) {
+                if !rec.full_hit && !holders.contains(&replica) {
                     holders.push(replica);
                 }
             }
         }
 
+        debug_assert_eq!(
+            computed + cached,
+            prompt_tokens,
+            "prompt tokens served = prefilled + found cached"
+        );
+        let completed = ttft.len() as u64;
         let ttft_ms = Summary::of(&mut ttft);
         let ttft_cdf_ms = if ttft.is_empty() {
             Vec::new()
@@ -193,7 +289,74 @@ impl PipelineReport {
             makespan_ms: run.end_ms,
             ttft_cdf_ms,
             load_series: load_series(run),
+            throughput: Throughput {
+                requests_per_s: per_second(completed as f64, run.end_ms),
+                output_tokens_per_s: per_second(output_tokens as f64, run.end_ms),
+            },
+            goodput: Goodput {
+                ttft_objective_ms: ttft_objective,
+                tpot_objective_ms: tpot_objective,
+                requests: good,
+                requests_per_s: per_second(good as f64, run.end_ms),
+                share: if completed == 0 {
+                    0.0
+                } else {
+                    good as f64 / completed as f64
+                },
+            },
+            queue_wait_ms: Summary::of(&mut queue),
+            prefill_ms: Summary::of(&mut prefill),
+            tpot_ms: Summary::of(&mut tpot),
+            preemptions: run.replicas.iter().map(|r| r.stats().preemptions).sum(),
+            evictions: run.replicas.iter().map(|r| r.stats().evictions).sum(),
+            recomputed_tokens: run
+                .replicas
+                .iter()
+                .map(|r| r.stats().recomputed_tokens)
+                .sum(),
+            utilisation: utilisation(run),
+            rl_step_total_ms: (!steps.is_empty())
+                .then(|| steps.values().map(|&(_, start, done)| done - start).sum()),
+            rl_steps: steps
+                .into_iter()
+                .map(|(step, (requests, start_ms, done_ms))| RlStep {
+                    step,
+                    requests,
+                    start_ms,
+                    done_ms,
+                    duration_ms: done_ms - start_ms,
+                })
+                .collect(),
         }
+    }
+}
+
+/// `count` per second over `ms` (0 for an empty run).
+fn per_second(count: f64, ms: f64) -> f64 {
+    if ms > 0.0 {
+        count * 1000.0 / ms
+    } else {
+        0.0
+    }
+}
+
+fn utilisation(run: &RunOutcome) -> Utilisation {
+    let average = |f: fn(&ReplicaStats) -> f64| {
+        run.replicas
+            .iter()
+            .map(|r| {
+                if run.end_ms > 0.0 {
+                    f(r.stats()) / run.end_ms
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    };
+    Utilisation {
+        busy: average(|s| s.busy_ms),
+        kv_usage: average(|s| s.kv_usage_ms),
+        batch: average(|s| s.batch_seq_ms),
     }
 }
 
@@ -259,6 +422,87 @@ pub fn write_reports(dir: &Path, reports: &[PipelineReport]) -> std::io::Result<
     Ok(())
 }
 
+/// One row per pipeline with the serving figures — throughput, goodput, where time went,
+/// KV pressure, utilisation, RL step times — columns aligned, for a terminal.
+pub fn render_serving_table(reports: &[PipelineReport]) -> String {
+    const HEADER: [&str; 10] = [
+        "pipeline",
+        "out tok/s",
+        "goodput",
+        "queue p50/p99 ms",
+        "prefill p50 ms",
+        "TPOT p50 ms",
+        "preempt",
+        "evict",
+        "busy",
+        "RL step mean/max s",
+    ];
+    let rows: Vec<Vec<String>> = reports
+        .iter()
+        .map(|r| {
+            let busy = &r.utilisation.busy;
+            let mean_busy = if busy.is_empty() {
+                0.0
+            } else {
+                busy.iter().sum::<f64>() / busy.len() as f64
+            };
+            let steps = if r.rl_steps.is_empty() {
+                "-".to_string()
+            } else {
+                let total = r.rl_step_total_ms.unwrap_or(0.0);
+                let max = r.rl_steps.iter().map(|s| s.duration_ms).fold(0.0, f64::max);
+                format!(
+                    "{:.1}/{:.1}",
+                    total / r.rl_steps.len() as f64 / 1000.0,
+                    max / 1000.0
+                )
+            };
+            vec![
+                r.name.clone(),
+                format!("{:.0}", r.throughput.output_tokens_per_s),
+                format!("{:.1}%", r.goodput.share * 100.0),
+                format!("{:.1}/{:.1}", r.queue_wait_ms.p50, r.queue_wait_ms.p99),
+                format!("{:.1}", r.prefill_ms.p50),
+                format!("{:.1}", r.tpot_ms.p50),
+                r.preemptions.to_string(),
+                r.evictions.to_string(),
+                format!("{:.0}%", mean_busy * 100.0),
+                steps,
+            ]
+        })
+        .collect();
+    aligned(&HEADER, &rows)
+}
+
+/// `header` and `rows` with the first column left-aligned and the others right-aligned.
+fn aligned<R: AsRef<[String]>>(header: &[&str], rows: &[R]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row.as_ref()) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut text = String::new();
+        for (i, cell) in cells.enumerate() {
+            let pad = widths[i].saturating_sub(cell.chars().count());
+            if i == 0 {
+                let _ = write!(text, "{cell}{}", " ".repeat(pad));
+            } else {
+                let _ = write!(text, "  {}{cell}", " ".repeat(pad));
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(&mut header.iter().copied());
+    for row in rows {
+        line(&mut row.as_ref().iter().map(String::as_str));
+    }
+    out
+}
+
 /// One row per pipeline with the key figures, columns aligned, for a terminal.
 pub fn render_table(reports: &[PipelineReport]) -> String {
     const HEADER: [&str; 12] = [
@@ -295,30 +539,7 @@ pub fn render_table(reports: &[PipelineReport]) -> String {
             ]
         })
         .collect();
-    let mut widths = HEADER.map(str::len);
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    let mut line = |cells: &mut dyn Iterator<Item = &str>| {
-        let mut text = String::new();
-        for (i, cell) in cells.enumerate() {
-            if i == 0 {
-                let _ = write!(text, "{cell:<w$}", w = widths[0]);
-            } else {
-                let _ = write!(text, "  {cell:>w$}", w = widths[i]);
-            }
-        }
-        out.push_str(text.trim_end());
-        out.push('\n');
-    };
-    line(&mut HEADER.iter().copied());
-    for row in &rows {
-        line(&mut row.iter().map(String::as_str));
-    }
-    out
+    aligned(&HEADER, &rows)
 }
 
 /// The fewest and most requests sent to one replica, `min-max` (`-` without replicas).

@@ -97,6 +97,9 @@ pub struct ReplicaState {
     pub kv_usage: f64,
     /// Prompt tokens of every request sent to the replica and not yet completed.
     pub in_flight_tokens: u64,
+    /// Requests sent to the replica and not yet completed (running + waiting, but always
+    /// exact: the router counts what it sends, it does not scrape it).
+    pub in_flight: u32,
 }
 
 /// A router's verdict on one request.
@@ -174,8 +177,8 @@ impl SimRouter for RoundRobin {
     fn on_complete(&mut self, _now_ms: f64, _request: u64, _replica: usize) {}
 }
 
-/// Sends each request to the replica with the fewest running + waiting requests at its
-/// arrival; ties go to the lowest index.
+/// Sends each request to the replica with the fewest requests in flight (sent, not completed)
+/// at its arrival; ties go to the lowest index.
 #[derive(Debug, Default)]
 pub struct LeastInFlight {
     decided: Vec<Decision>,
@@ -196,7 +199,7 @@ impl SimRouter for LeastInFlight {
         let replica = fleet
             .iter()
             .enumerate()
-            .min_by_key(|(i, s)| (u64::from(s.running) + u64::from(s.waiting), *i))
+            .min_by_key(|(i, s)| (s.in_flight, *i))
             .map(|(i, _)| i);
         self.decided.push(Decision {
             request: req.id,
@@ -237,6 +240,7 @@ mod tests {
         ReplicaState {
             running,
             waiting,
+            in_flight: running + waiting,
             ..ReplicaState::default()
         }
     }

@@ -1,4 +1,5 @@
 use super::*;
+use crate::sim::config::FleetConfig;
 use crate::sim::report::Summary;
 use crate::sim::router::{LeastInFlight, RoundRobin};
 use crate::sim::workload::RlRolloutParams;
@@ -395,7 +396,7 @@ fn progress_is_monotonic_and_ends_complete() {
     let mut seen = Vec::new();
     run(
         &workload,
-        &fleet(4, 8, 100.0),
+        fleet(4, 8, 100.0),
         &mut LeastInFlight::new(),
         &mut |done, total| seen.push((done, total)),
     );
@@ -515,7 +516,7 @@ fn streamed_shared_and_copied_prompts_report_alike() {
         let streamed = run_stream(
             workload.len(),
             workload.requests(),
-            &fleet,
+            &SimFleet::from(&fleet),
             &mut RoundRobin::new(),
             &mut |_, _| {},
         );
@@ -546,4 +547,205 @@ fn a_shared_buffer_under_another_model_gets_its_own_chain() {
     assert_eq!(report.prefill_tokens_cached, 160);
     assert_eq!(report.prefill_tokens_computed, 640);
     assert_eq!(report.prefill_tokens_ideal, 640);
+}
+
+/// A fleet of `replicas` step-engine replicas with round numbers: 1 ms per step, 0.25 ms per
+/// prefill token, 0.5 ms per decoding sequence; 64 tokens and 4 sequences per step.
+fn engine_fleet(replicas: usize, scrape_interval_ms: f64) -> SimFleet {
+    use crate::sim::fleet::ReplicaGroup;
+    use crate::sim::profile::EngineParams;
+    SimFleet {
+        scrape_interval_ms,
+        groups: vec![ReplicaGroup {
+            replicas,
+            profile_name: "test".into(),
+            profile: Profile::Engine(EngineParams::round_numbers(100)),
+        }],
+        ..SimFleet::default_fleet(1)
+    }
+}
+
+fn run_engine(
+    workload: &[SimRequest],
+    fleet: &SimFleet,
+    router: &mut dyn SimRouter,
+) -> PipelineReport {
+    run(workload, fleet, router, &mut |_, _| {})
+}
+
+#[test]
+fn the_step_engine_serves_a_burst_in_shared_steps() {
+    // Four samples A–D of one 48-token prompt (3 blocks), 2 output tokens, reach one replica
+    // at 0. Step 1 (0..17): A's 48 tokens, whose blocks are registered as they are
+    // scheduled, then B, which hits A's first two (a hit never covers the last token) and
+    // computes 16: the 64-token budget is spent, C and D wait. Step 2 (17..27): A and B
+    // decode and end; C and D hit the same two blocks and compute 16 each: 1 + 32 × 0.25 +
+    // 2 × 0.5. Step 3 (27..29): C and D decode and end.
+    let prompt = distinct_prompt(1, 48);
+    let workload: Vec<SimRequest> = (0..4)
+        .map(|i| SimRequest {
+            group: 0,
+            step: Some(0),
+            ..request(i, 0.0, prompt.clone(), 2)
+        })
+        .collect();
+    let report = run_engine(&workload, &engine_fleet(1, 0.0), &mut RoundRobin::new());
+    assert_eq!(report.completed, 4);
+    assert_eq!(report.prefill_tokens_computed, 48 + 16 + 16 + 16);
+    assert_eq!(report.prefill_tokens_cached, 3 * 32);
+    assert_eq!(
+        report.ttft_ms,
+        Summary {
+            count: 4,
+            mean: 22.0,
+            p50: 17.0,
+            p99: 27.0
+        }
+    );
+    assert_eq!(report.makespan_ms, 29.0);
+    assert_eq!(report.preemptions, 0);
+    // Only A prefilled the whole prompt, on the one replica.
+    assert_eq!(report.prefills_per_prompt_per_step, Some(1.0));
+    assert_eq!(report.rl_step_total_ms, Some(29.0));
+    assert_eq!(report.queue_wait_ms.p99, 17.0);
+    assert_eq!(report.utilisation.busy, vec![1.0]);
+}
+
+/// Records the `running` count of replica 0 and its in-flight count as seen at each arrival;
+/// places like round-robin (everything on replica 0 of a one-replica fleet).
+#[derive(Default)]
+struct Watcher {
+    seen: Vec<(f64, u32, u32)>,
+    inner: RoundRobin,
+}
+
+impl SimRouter for Watcher {
+    fn name(&self) -> &str {
+        "watcher"
+    }
+    fn submit(&mut self, now: f64, req: &SimRequest, fleet: &[ReplicaState]) {
+        self.seen.push((now, fleet[0].running, fleet[0].in_flight));
+        self.inner.submit(now, req, fleet);
+    }
+    fn next_wakeup(&self) -> Option<f64> {
+        self.inner.next_wakeup()
+    }
+    fn poll(&mut self, now: f64, fleet: &[ReplicaState], out: &mut Vec<Decision>) {
+        self.inner.poll(now, fleet, out);
+    }
+    fn on_complete(&mut self, _now: f64, _request: u64, _replica: usize) {}
+}
+
+#[test]
+fn the_router_sees_metrics_as_of_the_last_scrape_and_exact_in_flight_counts() {
+    // One long request at 0 (64 tokens, 200 output tokens: busy far beyond 300 ms), then
+    // probes at 50, 150 and 250 ms. Scrapes every 100 ms, at 0, 100, 200.
+    let workload = vec![
+        request(0, 0.0, distinct_prompt(1, 64), 200),
+        request(1, 50.0, distinct_prompt(2, 16), 1),
+        request(2, 150.0, distinct_prompt(3, 16), 1),
+        request(3, 250.0, distinct_prompt(4, 16), 1),
+    ];
+    let mut stale = Watcher::default();
+    run_engine(&workload, &engine_fleet(1, 100.0), &mut stale);
+    // At 50 the last scrape (0) saw an idle replica; in flight is counted at once.
+    // The probe of 50 is done within 100 ms, so the scrapes at 100 and 200 see one running.
+    assert_eq!(
+        stale.seen,
+        vec![(0.0, 0, 0), (50.0, 0, 1), (150.0, 1, 1), (250.0, 1, 1)]
+    );
+    let mut fresh = Watcher::default();
+    run_engine(&workload, &engine_fleet(1, 0.0), &mut fresh);
+    assert_eq!(
+        fresh.seen,
+        vec![(0.0, 0, 0), (50.0, 1, 1), (150.0, 1, 1), (250.0, 1, 1)]
+    );
+}
+
+#[test]
+fn a_request_larger_than_the_pool_is_rejected_and_released() {
+    let workload = vec![
+        request(0, 0.0, distinct_prompt(1, 2000), 1),
+        request(1, 0.0, distinct_prompt(2, 16), 1),
+    ];
+    let report = run_engine(&workload, &engine_fleet(1, 0.0), &mut RoundRobin::new());
+    assert_eq!((report.completed, report.rejected), (1, 1));
+}
+
+#[test]
+fn the_step_engine_keeps_its_books_on_every_workload_and_is_deterministic() {
+    use crate::sim::workload::{MultiTurnParams, SharedPrefixParams};
+    use crate::sim::Workload;
+    let workloads = [
+        Workload::RlRollout(RlRolloutParams {
+            prompts: 6,
+            samples: 8,
+            steps: 2,
+            step_interval_ms: 500.0,
+            prompt_tokens_min: 100,
+            prompt_tokens_max: 300,
+            output_tokens_min: 10,
+            output_tokens_max: 60,
+            ..RlRolloutParams::default()
+        }),
+        Workload::SharedPrefix(SharedPrefixParams {
+            groups: 4,
+            prompts_per_group: 8,
+            system_prompt_tokens: 200,
+            question_tokens: 30,
+            output_tokens: 20,
+            requests_per_second: 200.0,
+            ..SharedPrefixParams::default()
+        }),
+        Workload::MultiTurn(MultiTurnParams {
+            sessions: 6,
+            turns: 4,
+            system_prompt_tokens: 100,
+            user_tokens_min: 10,
+            user_tokens_max: 50,
+            output_tokens_min: 10,
+            output_tokens_max: 40,
+            think_time_ms: 200.0,
+            sessions_per_second: 50.0,
+            ..MultiTurnParams::default()
+        }),
+    ];
+    // RL runs on 30 blocks of 16 tokens per replica: four running sequences of distinct
+    // prompts do not fit, so sequences are preempted and recomputed; the others on 1000.
+    // Debug builds check the engine's books at the end of each run.
+    for workload in &workloads {
+        let mut fleet = engine_fleet(2, 50.0);
+        if let Profile::Engine(params) = &mut fleet.groups[0].profile {
+            params.kv_blocks = if let Workload::RlRollout(_) = workload {
+                30
+            } else {
+                1000
+            };
+        }
+        let requests = workload.generate();
+        let run_both = || {
+            let a = run_engine(&requests, &fleet, &mut LeastInFlight::new());
+            let b = run_engine(&requests, &fleet, &mut RoundRobin::new());
+            (a, b)
+        };
+        let (a, b) = run_both();
+        for report in [&a, &b] {
+            assert_eq!(report.completed, report.requests, "{}", workload.name());
+            assert_eq!(
+                report.prefill_tokens_computed + report.prefill_tokens_cached,
+                report.prompt_tokens
+            );
+        }
+        if let Workload::RlRollout(_) = workload {
+            assert!(a.preemptions > 0 && a.recomputed_tokens > 0, "{a:?}");
+        }
+        if let Workload::MultiTurn(_) = workload {
+            // Later turns find their own history, answers included.
+            assert!(a.cache_hit_rate > 0.3, "{}", a.cache_hit_rate);
+        }
+        assert_eq!(
+            serde_json::to_string(&run_both().0).unwrap(),
+            serde_json::to_string(&a).unwrap()
+        );
+    }
 }

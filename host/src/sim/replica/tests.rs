@@ -14,14 +14,7 @@ fn fleet(max_running: u32) -> FleetConfig {
 
 /// Appends a chain to `store` and returns the job over it.
 fn job(store: &mut Vec<u64>, request: usize, prompt: u32, output: u32, chain: &[u64]) -> Job {
-    let start = store.len();
-    store.extend_from_slice(chain);
-    Job {
-        request,
-        prompt_tokens: prompt,
-        output_tokens: output,
-        blocks: start..store.len(),
-    }
+    job_in(store, request, prompt, output, chain, chain.len())
 }
 
 fn chain(range: std::ops::Range<u64>) -> Vec<u64> {

@@ -34,35 +34,56 @@ pub(super) fn page(reports: &[PipelineReport]) -> String {
     );
     summary_table(&mut out, reports);
 
-    out.push_str("<h2>Time to first token</h2>\n");
-    let x_max = reports
-        .iter()
-        .filter_map(|r| r.ttft_cdf_ms.last().copied())
-        .fold(0.0, f64::max);
-    let lines: Vec<Line> = reports
-        .iter()
-        .enumerate()
-        .map(|(i, r)| Line {
-            label: r.name.clone(),
-            color: PALETTE[i % PALETTE.len()],
-            points: r
-                .ttft_cdf_ms
+    per_pipeline_chart(
+        &mut out,
+        reports,
+        ("Time to first token", "TTFT CDF"),
+        ("TTFT (ms)", "percentile"),
+        |r| {
+            r.ttft_cdf_ms
                 .iter()
                 .enumerate()
                 .map(|(p, &ms)| (ms, p as f64))
-                .collect(),
-        })
-        .collect();
-    chart(
-        &mut out,
-        "TTFT CDF",
-        "TTFT (ms)",
-        "percentile",
-        x_max,
-        100.0,
-        &lines,
+                .collect()
+        },
     );
-    legend(&mut out, &lines);
+    serving_table(&mut out, reports);
+    per_pipeline_chart(
+        &mut out,
+        reports,
+        (
+            "RL rollout steps",
+            "first arrival to last completion, per step",
+        ),
+        ("step", "duration (s)"),
+        |r| {
+            r.rl_steps
+                .iter()
+                .map(|s| (f64::from(s.step), s.duration_ms / 1000.0))
+                .collect()
+        },
+    );
+    per_pipeline_chart(
+        &mut out,
+        reports,
+        ("Busy share per replica", "time in steps"),
+        ("replica", "busy (%)"),
+        |r| indexed(&r.utilisation.busy, 100.0),
+    );
+    per_pipeline_chart(
+        &mut out,
+        reports,
+        ("KV blocks held per replica", "time-averaged"),
+        ("replica", "KV usage (%)"),
+        |r| indexed(&r.utilisation.kv_usage, 100.0),
+    );
+    per_pipeline_chart(
+        &mut out,
+        reports,
+        ("Sequences in the batch per replica", "time-averaged"),
+        ("replica", "sequences"),
+        |r| indexed(&r.utilisation.batch, 1.0),
+    );
 
     out.push_str("<h2>Load per replica over time (running + waiting, peak per bucket)</h2>\n");
     for r in reports {
@@ -136,6 +157,101 @@ fn summary_table(out: &mut String, reports: &[PipelineReport]) {
         );
     }
     out.push_str("</table>\n");
+}
+
+/// Throughput, goodput and where the time went, one row per pipeline.
+fn serving_table(out: &mut String, reports: &[PipelineReport]) {
+    out.push_str(
+        "<h2>Serving</h2>\n<table>\n<tr><th>pipeline</th><th>requests/s</th>\
+         <th>output tokens/s</th><th>goodput (requests/s, share)</th>\
+         <th>queue wait p50 / p99 (ms)</th><th>prefill p50 / p99 (ms)</th>\
+         <th>TPOT p50 / p99 (ms)</th><th>preemptions</th><th>evictions</th>\
+         <th>recomputed tokens</th><th>RL steps total (s)</th></tr>\n",
+    );
+    for r in reports {
+        let _ = writeln!(
+            out,
+            "<tr><td>{}</td><td>{:.2}</td><td>{:.0}</td><td>{:.2}, {:.1}%</td>\
+             <td>{:.1} / {:.1}</td><td>{:.1} / {:.1}</td><td>{:.1} / {:.1}</td><td>{}</td>\
+             <td>{}</td><td>{}</td><td>{}</td></tr>",
+            escape(&r.name),
+            r.throughput.requests_per_s,
+            r.throughput.output_tokens_per_s,
+            r.goodput.requests_per_s,
+            r.goodput.share * 100.0,
+            r.queue_wait_ms.p50,
+            r.queue_wait_ms.p99,
+            r.prefill_ms.p50,
+            r.prefill_ms.p99,
+            r.tpot_ms.p50,
+            r.tpot_ms.p99,
+            r.preemptions,
+            r.evictions,
+            r.recomputed_tokens,
+            r.rl_step_total_ms
+                .map_or_else(|| "-".to_string(), |v| format!("{:.1}", v / 1000.0)),
+        );
+    }
+    let objectives = reports.first().map(|r| r.goodput);
+    if let Some(g) = objectives {
+        let _ = writeln!(
+            out,
+            "</table>\n<p>Goodput counts completed requests with TTFT ≤ {} ms and time per \
+             output token ≤ {} ms.</p>",
+            g.ttft_objective_ms, g.tpot_objective_ms
+        );
+    } else {
+        out.push_str("</table>\n");
+    }
+}
+
+/// `values` scaled by `scale` as points at x = 0, 1, 2, …
+fn indexed(values: &[f64], scale: f64) -> Vec<(f64, f64)> {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (i as f64, v * scale))
+        .collect()
+}
+
+/// One chart under a `(heading, title)` with `(x, y)` axis labels and a line per pipeline,
+/// skipped when no pipeline has a point.
+fn per_pipeline_chart(
+    out: &mut String,
+    reports: &[PipelineReport],
+    (heading, title): (&str, &str),
+    (x_label, y_label): (&str, &str),
+    points: impl Fn(&PipelineReport) -> Vec<(f64, f64)>,
+) {
+    let lines: Vec<Line> = reports
+        .iter()
+        .enumerate()
+        .map(|(i, r)| Line {
+            label: r.name.clone(),
+            color: PALETTE[i % PALETTE.len()],
+            points: points(r),
+        })
+        .collect();
+    if lines.iter().all(|l| l.points.is_empty()) {
+        return;
+    }
+    let max = |f: fn(&(f64, f64)) -> f64| {
+        lines
+            .iter()
+            .flat_map(|l| l.points.iter().map(f))
+            .fold(0.0, f64::max)
+    };
+    let _ = writeln!(out, "<h2>{}</h2>", escape(heading));
+    chart(
+        out,
+        title,
+        x_label,
+        y_label,
+        max(|p| p.0).max(1.0),
+        max(|p| p.1),
+        &lines,
+    );
+    legend(out, &lines);
 }
 
 /// Bucket values as a step line: flat across each bucket.

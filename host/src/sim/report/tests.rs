@@ -56,8 +56,8 @@ fn fleet() -> FleetConfig {
 fn reports() -> Vec<PipelineReport> {
     let w = workload();
     vec![
-        run(&w, &fleet(), &mut RoundRobin::new(), &mut |_, _| {}),
-        run(&w, &fleet(), &mut LeastInFlight::new(), &mut |_, _| {}),
+        run(&w, fleet(), &mut RoundRobin::new(), &mut |_, _| {}),
+        run(&w, fleet(), &mut LeastInFlight::new(), &mut |_, _| {}),
     ]
 }
 
@@ -107,9 +107,49 @@ fn report_json_has_the_documented_keys() {
             "makespan_ms",
             "ttft_cdf_ms",
             "load_series",
+            "throughput",
+            "goodput",
+            "queue_wait_ms",
+            "prefill_ms",
+            "tpot_ms",
+            "preemptions",
+            "evictions",
+            "recomputed_tokens",
+            "utilisation",
+            "rl_steps",
+            "rl_step_total_ms",
         ])
     );
-    for summary in ["ttft_ms", "e2e_ms", "router_wait_ms"] {
+    assert_eq!(
+        keys(&first["throughput"]),
+        sorted(&["requests_per_s", "output_tokens_per_s"])
+    );
+    assert_eq!(
+        keys(&first["goodput"]),
+        sorted(&[
+            "ttft_objective_ms",
+            "tpot_objective_ms",
+            "requests",
+            "requests_per_s",
+            "share"
+        ])
+    );
+    assert_eq!(
+        keys(&first["utilisation"]),
+        sorted(&["busy", "kv_usage", "batch"])
+    );
+    assert_eq!(
+        keys(&first["rl_steps"][0]),
+        sorted(&["step", "requests", "start_ms", "done_ms", "duration_ms"])
+    );
+    for summary in [
+        "ttft_ms",
+        "e2e_ms",
+        "router_wait_ms",
+        "queue_wait_ms",
+        "prefill_ms",
+        "tpot_ms",
+    ] {
         assert_eq!(
             keys(&first[summary]),
             sorted(&["count", "mean", "p50", "p99"])
@@ -137,8 +177,58 @@ fn report_json_has_the_documented_keys() {
     assert!(html.starts_with("<!DOCTYPE html>"));
     assert!(html.contains("round-robin: load over time"));
     assert!(html.contains("least-in-flight: load over time"));
-    assert_eq!(html.matches("<svg").count(), 3);
+    // TTFT CDFs, RL steps, busy, KV usage, batch, and a load chart per pipeline.
+    assert_eq!(html.matches("<svg").count(), 7);
+    assert!(html.contains("Goodput counts completed requests"));
     assert!(!html.contains("<script"));
+}
+
+#[test]
+fn throughput_goodput_queue_and_step_figures() {
+    // As below: each replica serves its three requests back to back, 220 ms each; the first
+    // of each replica prefills for 20 ms, the later ones wait 20 ms for the slot and hit the
+    // cache. Every request decodes 10 tokens after the first, 20 ms each.
+    let report = &reports()[0];
+    assert_eq!(report.throughput.requests_per_s, 6.0 / 0.72);
+    assert_eq!(report.throughput.output_tokens_per_s, 66.0 / 0.72);
+    assert_eq!(report.goodput.requests, 6);
+    assert_eq!(report.goodput.share, 1.0);
+    assert_eq!(report.queue_wait_ms.p50, 20.0);
+    assert_eq!(report.queue_wait_ms.mean, 80.0 / 6.0);
+    assert_eq!(
+        report.prefill_ms,
+        Summary {
+            count: 6,
+            mean: 40.0 / 6.0,
+            p50: 0.0,
+            p99: 20.0
+        }
+    );
+    assert_eq!(report.tpot_ms.p99, 20.0);
+    assert_eq!(report.preemptions, 0);
+    let step = report.rl_steps[0];
+    assert_eq!(
+        (step.step, step.requests, step.start_ms, step.done_ms),
+        (0, 6, 0.0, 720.0)
+    );
+    assert_eq!(report.rl_step_total_ms, Some(720.0));
+    // Busy 0..620 and 100..720 ms of 720; one sequence at a time.
+    assert_eq!(report.utilisation.busy, vec![620.0 / 720.0; 2]);
+    assert_eq!(report.utilisation.batch, vec![620.0 / 720.0; 2]);
+    let kv = 21.0 / 16384.0 * 620.0 / 720.0;
+    assert!(report
+        .utilisation
+        .kv_usage
+        .iter()
+        .all(|&u| (u - kv).abs() < 1e-12));
+
+    // A tighter per-token objective than the 20 ms decode fails every request.
+    let strict = crate::sim::SimFleet {
+        tpot_objective_ms: 19.0,
+        ..crate::sim::SimFleet::from(&fleet())
+    };
+    let report = run(&workload(), &strict, &mut RoundRobin::new(), &mut |_, _| {});
+    assert_eq!(report.goodput.requests, 0);
 }
 
 #[test]
