@@ -28,6 +28,7 @@ rows() {
     shift 2
     "$bin" simulate --replicas "$replicas" "$@" 2>/dev/null |
         awk -v label="$label" -v replicas="$replicas" '
+            NF == 0 { exit }
             NR > 1 && NF >= 12 {
                 printf "| %s | %s | %s | %s | %s | %s | %s |\n",
                     label, replicas, $1, $4, $8, $12, $11
