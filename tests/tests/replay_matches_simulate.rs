@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use switchyard::pipeline::{build, load_registry, Scheduler};
-use switchyard::sim::{self, Decision, FleetConfig, ReplicaState, SimRequest, SimRouter, Workload};
+use switchyard::sim::{self, Decision, ReplicaState, SimFleet, SimRequest, SimRouter, Workload};
 use switchyard::simulate::{pipeline_router, sim_fleet, PipelineRouter};
 use switchyard_tests::{config, options, workspace_root};
 
@@ -50,19 +50,19 @@ fn default_config() -> switchyard::config::LoadedConfig {
 }
 
 /// Request id → replica index, as `simulate` places the workload.
-fn simulated(requests: &[SimRequest], fleet: &FleetConfig) -> BTreeMap<u64, usize> {
+fn simulated(requests: &[SimRequest], fleet: &SimFleet) -> BTreeMap<u64, usize> {
     let router = pipeline_router("default", &default_config(), &options(), fleet, 0).unwrap();
     let mut recording = Recording {
         inner: router,
         placed: BTreeMap::new(),
     };
-    let report = sim::run(requests, fleet, &mut recording, &mut |_, _| {});
+    let report = sim::run(requests, fleet.clone(), &mut recording, &mut |_, _| {});
     assert_eq!(report.completed as usize, requests.len());
     recording.placed
 }
 
 /// Request id → replica index, as `replay` places the same requests over the same endpoints.
-fn replayed(requests: &[SimRequest], fleet: &FleetConfig) -> BTreeMap<u64, usize> {
+fn replayed(requests: &[SimRequest], fleet: &SimFleet) -> BTreeMap<u64, usize> {
     let config = default_config();
     let registry = load_registry(&config, &options()).unwrap();
     let pipeline = build(&config, &registry, &options()).unwrap();
@@ -107,10 +107,7 @@ fn replay_places_the_burst_shapes_as_simulate_does() {
         .unwrap();
         let requests = workload.generate();
         for replicas in [8, 12, 16] {
-            let fleet = FleetConfig {
-                replicas,
-                ..FleetConfig::default()
-            };
+            let fleet = SimFleet::default_fleet(replicas);
             let simulated = simulated(&requests, &fleet);
             assert_eq!(simulated.len(), requests.len());
             let replayed = replayed(&requests, &fleet);
