@@ -70,7 +70,7 @@ fn check_prints_the_effective_default_config() {
     assert!(
         text.contains(
             "# producer order: \"token-producer\", \"approx-prefix-cache-producer\", \
-             \"burst-prefix-cache-producer\", \"inflight-load-producer\""
+             \"inflight-load-producer\", \"burst-prefix-cache-producer\""
         ),
         "{text}"
     );

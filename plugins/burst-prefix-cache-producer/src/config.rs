@@ -99,6 +99,11 @@ pub struct BurstConfig {
     /// Producer of `PrefixCacheMatchInfo` estimating what the replicas already cache (such as
     /// `approx-prefix-cache-producer`); empty for none. A switchyard extension.
     pub cached_match_producer_name: String,
+    /// Producer of `InFlightLoad` (such as `inflight-load-producer`); when set, fair share
+    /// counts a replica's carried load as the larger of its reported running requests and the
+    /// requests in flight to it, so metrics read at the last scrape cannot hide the requests
+    /// sent since. Empty for none. A switchyard extension.
+    pub in_flight_producer_name: String,
 }
 
 impl Default for BurstConfig {
@@ -114,6 +119,7 @@ impl Default for BurstConfig {
             assignment: "reference".to_owned(),
             window_quiet_ms: 0,
             cached_match_producer_name: String::new(),
+            in_flight_producer_name: String::new(),
         }
     }
 }
@@ -289,6 +295,11 @@ impl BurstConfig {
     pub fn cached_match_producer(&self) -> Option<&str> {
         (!self.cached_match_producer_name.is_empty())
             .then_some(self.cached_match_producer_name.as_str())
+    }
+
+    /// The producer of in-flight counts fair share adds to the replicas' reported load, if any.
+    pub fn in_flight_producer(&self) -> Option<&str> {
+        (!self.in_flight_producer_name.is_empty()).then_some(self.in_flight_producer_name.as_str())
     }
 
     /// The placement ([`Assignment::Reference`] if the value is invalid).

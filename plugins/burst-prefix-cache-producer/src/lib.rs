@@ -10,7 +10,9 @@ pub mod assign;
 pub mod config;
 pub mod fair_share;
 
-use switchyard_plugin_api::keys::{PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER};
+use switchyard_plugin_api::keys::{
+    IN_FLIGHT_LOAD, PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER,
+};
 use switchyard_plugin_api::sdk::{Declare, Instance, Param, PluginFactory, ProduceBatch, Producer};
 use switchyard_plugin_api::{
     AttrValue, BatchPolicy, PluginError, PluginKind, PrefixCacheMatchInfo, ProduceItem, Stability,
@@ -26,6 +28,12 @@ const PRODUCES_MATCH_INFO: usize = 0;
 
 /// Position of the cache estimates (`cachedMatchProducerName`) in the declared consumed keys.
 const CONSUMES_CACHED_MATCH: usize = 1;
+
+/// Position of the in-flight counts (`inFlightProducerName`) in the declared consumed keys:
+/// after the cache estimates when those are consumed too.
+fn consumes_in_flight(config: &BurstConfig) -> usize {
+    CONSUMES_CACHED_MATCH + usize::from(config.cached_match_producer().is_some())
+}
 
 /// Margin on top of the window for one produce call, as in the reference.
 const TIMEOUT_MARGIN_MS: u64 = 300;
@@ -117,6 +125,16 @@ pub static FACTORY: PluginFactory = PluginFactory {
                           window shares, already cached in part on a candidate, gets no \
                           affinity here and is left to the scorers. Empty: none.",
         },
+        Param {
+            name: "inFlightProducerName",
+            value_type: "string",
+            default: "\"\"",
+            range: "empty | a producer of InFlightLoad",
+            description: "Switchyard's: a producer of in-flight counts (such as \
+                          inflight-load-producer); a replica's carried load is then the larger \
+                          of its reported running requests and the requests in flight to it. \
+                          Empty: the reported running requests only.",
+        },
     ],
     create,
 };
@@ -143,6 +161,9 @@ impl Producer for BurstProducer {
             .requires(TOKENIZED_PROMPT, TOKEN_PRODUCER);
         if let Some(producer) = self.config.cached_match_producer() {
             declared = declared.requires(PREFIX_CACHE_MATCH_INFO, producer);
+        }
+        if let Some(producer) = self.config.in_flight_producer() {
+            declared = declared.requires(IN_FLIGHT_LOAD, producer);
         }
         declared.batch = Some(BatchPolicy {
             window_ms,
@@ -247,17 +268,34 @@ impl Producer for BurstProducer {
         }
 
         // The batch is spread over the candidates of its first request that has blocks.
-        let spread_over = items
+        let first_with_blocks = items
             .iter()
             .zip(&counts)
             .find(|(_, &count)| count > 0)
-            .map_or(&[][..], |(item, _)| item.endpoints.as_slice());
+            .map(|(item, _)| item);
+        let spread_over = first_with_blocks.map_or(&[][..], |item| item.endpoints.as_slice());
+        let in_flight = self
+            .config
+            .in_flight_producer()
+            .map(|_| consumes_in_flight(&self.config));
         let replicas = || -> Vec<Replica<'_>> {
             spread_over
                 .iter()
-                .map(|endpoint| Replica {
-                    id: endpoint.id.as_str(),
-                    running_requests: u64::from(endpoint.metrics.running_requests),
+                .map(|endpoint| {
+                    let reported = u64::from(endpoint.metrics.running_requests);
+                    let sent = match (in_flight, first_with_blocks) {
+                        (Some(key), Some(item)) => match item.attrs.get(key, endpoint) {
+                            Some(AttrValue::InFlightLoad(load)) => {
+                                u64::try_from(load.requests).unwrap_or(0)
+                            }
+                            _ => 0,
+                        },
+                        _ => 0,
+                    };
+                    Replica {
+                        id: endpoint.id.as_str(),
+                        running_requests: reported.max(sent),
+                    }
                 })
                 .collect()
         };

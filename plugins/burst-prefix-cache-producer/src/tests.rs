@@ -2,7 +2,9 @@
 //! plugin API's testing harness, with expected placements from the reference catalogue (P2,
 //! P3, A2, A5, A6).
 
-use switchyard_plugin_api::keys::{PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER};
+use switchyard_plugin_api::keys::{
+    IN_FLIGHT_LOAD, PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER,
+};
 use switchyard_plugin_api::testing::{Attributes, Harness, TestEndpoint, TestRequest};
 use switchyard_plugin_api::{
     AttrValue, BatchPolicy, ConsumedKey, DataKey, ErrorKind, PluginError, PrefixCacheMatchInfo,
@@ -281,7 +283,7 @@ fn out_of_range_parameter_is_refused_with_its_name_and_range() {
 
 #[test]
 fn documented_parameters_are_the_config_fields_with_their_defaults() {
-    assert_eq!(FACTORY.parameters.len(), 10);
+    assert_eq!(FACTORY.parameters.len(), 11);
     for param in FACTORY.parameters {
         let json = format!("{{\"{}\": {}}}", param.name, param.default);
         assert_eq!(
@@ -524,4 +526,103 @@ fn with_min_colocate_blocks_requests_sharing_leading_blocks_are_not_lone() {
     let values = produce_with_cache(&producer, &batch, &[Some(1), Some(1), Some(1)]);
     assert_eq!(assigned(&batch, &values)[2], "-");
     assert!(assigned(&batch, &values)[..2].iter().all(|&pod| pod != "-"));
+}
+
+/// Runs one sealed batch whose requests all see `in_flight[position]` requests in flight to
+/// each candidate, through the in-flight producer `inflight`, and optionally cache estimates
+/// of `approx` that hold nothing.
+fn produce_with_in_flight(
+    instance: &Harness,
+    batch: &[Request],
+    in_flight: &[i64],
+    with_cache_estimates: bool,
+) -> Vec<Vec<AttrValue>> {
+    let load = DataKey::new(IN_FLIGHT_LOAD, "inflight");
+    let cache = DataKey::new(PREFIX_CACHE_MATCH_INFO, "approx");
+    let attrs: Vec<Attributes> = batch
+        .iter()
+        .map(|request| {
+            let loads = (0..request.candidates.len())
+                .map(|position| {
+                    AttrValue::InFlightLoad(switchyard_plugin_api::InFlightLoad {
+                        requests: in_flight[position],
+                        tokens: 0,
+                    })
+                })
+                .collect();
+            let attrs = Attributes::new().set(load.clone(), loads);
+            if with_cache_estimates {
+                let nothing = (0..request.candidates.len())
+                    .map(|_| pmi(0, 2, 4))
+                    .collect();
+                attrs.set(cache.clone(), nothing)
+            } else {
+                attrs
+            }
+        })
+        .collect();
+    let items: Vec<(&TestRequest, &[TestEndpoint], &Attributes)> = batch
+        .iter()
+        .zip(&attrs)
+        .map(|(r, attrs)| (&r.request, r.candidates.as_slice(), attrs))
+        .collect();
+    instance
+        .produce_batch(&items)
+        .expect("produce")
+        .iter()
+        .map(|produced| produced.get(PREFIX_CACHE_MATCH_INFO).unwrap().to_vec())
+        .collect()
+}
+
+#[test]
+fn in_flight_counts_add_to_the_reported_load() {
+    let producer = instance(
+        r#"{"blockSizeTokens": 4, "assignment": "fairShare",
+            "inFlightProducerName": "inflight"}"#,
+    );
+    assert_eq!(
+        producer.declarations().consumes[1],
+        ConsumedKey {
+            key: DataKey::new(IN_FLIGHT_LOAD, "inflight"),
+            required: true,
+        }
+    );
+    // Every replica reports nothing running (a scrape from before the last dispatches), but
+    // five requests are in flight to each replica except /pod3.
+    let batch = vec![request(&[1, 2, 3, 4, 5, 6, 7, 8], &PODS)];
+    let in_flight = [5, 5, 0, 5];
+    let values = produce_with_in_flight(&producer, &batch, &in_flight, false);
+    assert_eq!(assigned(&batch, &values), ["/pod3"]);
+
+    // With the cache estimates consumed as well, the in-flight counts are the third key.
+    let both = instance(
+        r#"{"blockSizeTokens": 4, "assignment": "fairShare",
+            "cachedMatchProducerName": "approx", "inFlightProducerName": "inflight"}"#,
+    );
+    assert_eq!(
+        both.declarations().consumes[2].key,
+        DataKey::new(IN_FLIGHT_LOAD, "inflight")
+    );
+    let values = produce_with_in_flight(&both, &batch, &in_flight, true);
+    assert_eq!(assigned(&batch, &values), ["/pod3"]);
+
+    // A reported load above the in-flight count still counts: the larger one is used.
+    let reported = vec![Request {
+        request: base("").tokens(&[1, 2, 3, 4, 5, 6, 7, 8]),
+        candidates: pods(&PODS, &[9, 9, 0, 9]),
+    }];
+    let values = produce_with_in_flight(&producer, &reported, &[0, 0, 4, 0], false);
+    assert_eq!(assigned(&reported, &values), ["/pod3"]);
+
+    // Only the reports count without the parameter: /pod1 reports the least, though twenty
+    // requests are in flight to it.
+    let stale = vec![Request {
+        request: base("").tokens(&[1, 2, 3, 4, 5, 6, 7, 8]),
+        candidates: pods(&PODS, &[0, 9, 9, 9]),
+    }];
+    let plain = instance(r#"{"blockSizeTokens": 4, "assignment": "fairShare"}"#);
+    let values = produce_with_in_flight(&plain, &stale, &[20, 0, 0, 0], false);
+    assert_eq!(assigned(&stale, &values), ["/pod1"]);
+    let values = produce_with_in_flight(&producer, &stale, &[20, 0, 0, 0], false);
+    assert_ne!(assigned(&stale, &values), ["/pod1"]);
 }
