@@ -433,6 +433,25 @@ fn a_quiet_gap_is_declared_only_when_it_seals_earlier_than_the_window() {
     assert_eq!(whole.batch_quiet_ms().unwrap(), None);
 }
 
+/// Runs one sealed batch in which request `i` sees the attributes `attrs[i]`.
+fn produce_seeing(
+    instance: &Harness,
+    batch: &[Request],
+    attrs: &[Attributes],
+) -> Vec<Vec<AttrValue>> {
+    let items: Vec<(&TestRequest, &[TestEndpoint], &Attributes)> = batch
+        .iter()
+        .zip(attrs)
+        .map(|(r, attrs)| (&r.request, r.candidates.as_slice(), attrs))
+        .collect();
+    instance
+        .produce_batch(&items)
+        .expect("produce")
+        .iter()
+        .map(|produced| produced.get(PREFIX_CACHE_MATCH_INFO).unwrap().to_vec())
+        .collect()
+}
+
 /// Runs one sealed batch in which request `i` is believed cached on `cached[i]` candidates'
 /// first blocks (`Some(position)`), through the cache-estimate producer `approx`.
 fn produce_with_cache(
@@ -451,17 +470,7 @@ fn produce_with_cache(
             Attributes::new().set(key.clone(), values)
         })
         .collect();
-    let items: Vec<(&TestRequest, &[TestEndpoint], &Attributes)> = batch
-        .iter()
-        .zip(&attrs)
-        .map(|(r, attrs)| (&r.request, r.candidates.as_slice(), attrs))
-        .collect();
-    instance
-        .produce_batch(&items)
-        .expect("produce")
-        .iter()
-        .map(|produced| produced.get(PREFIX_CACHE_MATCH_INFO).unwrap().to_vec())
-        .collect()
+    produce_seeing(instance, batch, &attrs)
 }
 
 #[test]
@@ -561,17 +570,7 @@ fn produce_with_in_flight(
             }
         })
         .collect();
-    let items: Vec<(&TestRequest, &[TestEndpoint], &Attributes)> = batch
-        .iter()
-        .zip(&attrs)
-        .map(|(r, attrs)| (&r.request, r.candidates.as_slice(), attrs))
-        .collect();
-    instance
-        .produce_batch(&items)
-        .expect("produce")
-        .iter()
-        .map(|produced| produced.get(PREFIX_CACHE_MATCH_INFO).unwrap().to_vec())
-        .collect()
+    produce_seeing(instance, batch, &attrs)
 }
 
 #[test]
