@@ -22,13 +22,10 @@ fn build_example(default_endpoint: &str) -> PathBuf {
     )
 }
 
+/// The SHA-256 of the file at `path`, as the host's library pins spell it.
 fn sha256_hex(path: &Path) -> String {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    ring::digest::digest(&ring::digest::SHA256, &bytes)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    switchyard::plugins::supply::sha256_hex(&bytes)
 }
 
 /// Deploys `built` at `deployed` the safe way: a copy next to it, renamed over it.

@@ -19,6 +19,16 @@ pub enum Profile {
     Engine(EngineParams),
 }
 
+impl Profile {
+    /// Checks the profile's own parameters against their ranges.
+    pub fn validate(&self) -> Result<(), ParamError> {
+        match self {
+            Profile::FixedRate(c) => c.validate(),
+            Profile::Engine(e) => e.validate(),
+        }
+    }
+}
+
 /// `replicas` replicas sharing one profile.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReplicaGroup {
@@ -152,10 +162,7 @@ impl SimFleet {
         check_range("replicas", self.replicas(), 1, 4096)?;
         for g in &self.groups {
             check_range("replicas", g.replicas, 1, 4096)?;
-            match &g.profile {
-                Profile::FixedRate(c) => c.validate()?,
-                Profile::Engine(e) => e.validate()?,
-            }
+            g.profile.validate()?;
         }
         Ok(())
     }
@@ -252,10 +259,7 @@ impl SimFleet {
                 }
             }
             let checked =
-                check_range("replicas", replicas, 1, 4096).and_then(|()| match &profile {
-                    Profile::FixedRate(c) => c.validate(),
-                    Profile::Engine(e) => e.validate(),
-                });
+                check_range("replicas", replicas, 1, 4096).and_then(|()| profile.validate());
             if let Err(e) = checked {
                 let steps = [Step::Key("groups"), Step::Index(i), Step::Key(e.field)];
                 return Err(at(&steps, e.field, e.message));

@@ -108,7 +108,6 @@ pub struct StepReplica {
     in_flight_tokens: u64,
     stats: ReplicaStats,
     totals: EngineTotals,
-    load_history: bool,
 }
 
 impl StepReplica {
@@ -129,7 +128,6 @@ impl StepReplica {
             in_flight_tokens: 0,
             stats: ReplicaStats::default(),
             totals: EngineTotals::default(),
-            load_history: true,
         }
     }
 
@@ -264,38 +262,6 @@ impl StepReplica {
         self.record_load(now);
     }
 
-    /// Withdraws the request `job` at `now`, wherever it is, freeing its blocks. (The
-    /// simulator never cancels.)
-    pub fn cancel(&mut self, now: f64, job: &Job) {
-        let found = self
-            .seqs
-            .iter()
-            .position(|s| s.job.as_ref().is_some_and(|j| j.request == job.request));
-        let Some(slot) = found else {
-            return;
-        };
-        let seq = &mut self.seqs[slot];
-        if seq.new > 0 || !seq.blocks.is_empty() {
-            self.totals.admission_tokens +=
-                u64::from(seq.computed + seq.new - seq.admitted_at_computed);
-        }
-        for &b in seq.blocks.iter().rev() {
-            self.pool.release(b);
-        }
-        seq.blocks.clear();
-        seq.job = None;
-        seq.new = 0;
-        self.in_flight_tokens = self
-            .in_flight_tokens
-            .saturating_sub(u64::from(job.prompt_tokens));
-        let slot = slot as u32;
-        self.running.retain(|&s| s != slot);
-        self.waiting.retain(|&s| s != slot);
-        self.scheduled.retain(|&s| s != slot);
-        self.free_slots.push(slot);
-        self.record_load(now);
-    }
-
     fn blocks_for(&self, tokens: u32) -> usize {
         tokens.div_ceil(self.block_size) as usize
     }
@@ -394,6 +360,11 @@ impl StepReplica {
                 self.waiting.pop_front();
                 continue;
             };
+            // Admission needs at least one block beyond its hits (its last token is never
+            // cached), so with none free the lookups below could only end in the break.
+            if self.pool.free() == 0 {
+                break;
+            }
             let bs = self.block_size;
             let prompt = job.prompt_tokens;
             let total = prompt + seq.generated;
@@ -502,7 +473,7 @@ impl StepReplica {
 
     fn record_load(&mut self, now: f64) {
         let load = (self.running.len() + self.waiting.len()) as u32;
-        self.stats.record_load(now, load, self.load_history);
+        self.stats.record_load(now, load, true);
     }
 }
 

@@ -252,8 +252,10 @@ impl Producer for BurstProducer {
             .collect();
         // Lone requests some candidate already caches in part are the cache-aware scorers'
         // business: co-locating them here would gain nothing and would pull them away.
+        // (The reference placement already gives lone requests no affinity.)
+        let fair_share = self.config.assignment() == Assignment::FairShare;
         let mut placed_counts = std::borrow::Cow::Borrowed(&counts);
-        if self.config.cached_match_producer().is_some() {
+        if fair_share && self.config.cached_match_producer().is_some() {
             let cached: Vec<bool> = items.iter().map(cached_somewhere).collect();
             // A burst of fresh prompts, cached nowhere, skips the search for lone requests.
             if cached.contains(&true) {
@@ -274,24 +276,20 @@ impl Producer for BurstProducer {
             .find(|(_, &count)| count > 0)
             .map(|(item, _)| item);
         let spread_over = first_with_blocks.map_or(&[][..], |item| item.endpoints.as_slice());
-        let in_flight = self
+        // Where the in-flight counts are read: the same request's row as the candidates.
+        let sent_from = self
             .config
             .in_flight_producer()
-            .map(|_| consumes_in_flight(&self.config));
+            .map(|_| consumes_in_flight(&self.config))
+            .zip(first_with_blocks);
         let replicas = || -> Vec<Replica<'_>> {
             spread_over
                 .iter()
                 .map(|endpoint| {
                     let reported = u64::from(endpoint.metrics.running_requests);
-                    let sent = match (in_flight, first_with_blocks) {
-                        (Some(key), Some(item)) => match item.attrs.get(key, endpoint) {
-                            Some(AttrValue::InFlightLoad(load)) => {
-                                u64::try_from(load.requests).unwrap_or(0)
-                            }
-                            _ => 0,
-                        },
-                        _ => 0,
-                    };
+                    let sent = sent_from
+                        .and_then(|(key, item)| item.attrs.get(key, endpoint)?.in_flight_load())
+                        .map_or(0, |load| u64::try_from(load.requests).unwrap_or(0));
                     Replica {
                         id: endpoint.id.as_str(),
                         running_requests: reported.max(sent),
@@ -299,7 +297,7 @@ impl Producer for BurstProducer {
                 })
                 .collect()
         };
-        let assigned = if self.config.assignment() == Assignment::FairShare {
+        let assigned = if fair_share {
             assign_fair_share(
                 &entries,
                 &placed_counts,

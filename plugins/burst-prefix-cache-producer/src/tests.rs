@@ -6,9 +6,7 @@ use switchyard_plugin_api::keys::{
     IN_FLIGHT_LOAD, PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER,
 };
 use switchyard_plugin_api::testing::{Attributes, Harness, TestEndpoint, TestRequest};
-use switchyard_plugin_api::{
-    AttrValue, BatchPolicy, ConsumedKey, DataKey, ErrorKind, PluginError, PrefixCacheMatchInfo,
-};
+use switchyard_plugin_api::{AttrValue, BatchPolicy, ConsumedKey, DataKey, ErrorKind, PluginError};
 
 use super::*;
 
@@ -66,30 +64,11 @@ fn copies(count: usize, tokens: &[u32], candidates: &[&str]) -> Vec<Request> {
 
 /// Runs one sealed batch and returns, per request, the value written on each candidate.
 fn produce(instance: &Harness, batch: &[Request]) -> Vec<Vec<AttrValue>> {
-    let attrs = Attributes::new();
-    let items: Vec<(&TestRequest, &[TestEndpoint], &Attributes)> = batch
-        .iter()
-        .map(|r| (&r.request, r.candidates.as_slice(), &attrs))
-        .collect();
-    instance
-        .produce_batch(&items)
-        .expect("produce")
-        .iter()
-        .map(|produced| {
-            produced
-                .get(PREFIX_CACHE_MATCH_INFO)
-                .expect("the declared key")
-                .to_vec()
-        })
-        .collect()
+    produce_seeing(instance, batch, &vec![Attributes::new(); batch.len()])
 }
 
 fn pmi(match_blocks: u64, total_blocks: u64, block_size_tokens: u64) -> AttrValue {
-    AttrValue::PrefixCacheMatch(PrefixCacheMatchInfo {
-        match_blocks,
-        total_blocks,
-        block_size_tokens,
-    })
+    Attributes::prefix_match(match_blocks, total_blocks, block_size_tokens)
 }
 
 /// The candidate with a positive match in each request's values (`"-"` when none), checking
@@ -552,12 +531,7 @@ fn produce_with_in_flight(
         .iter()
         .map(|request| {
             let loads = (0..request.candidates.len())
-                .map(|position| {
-                    AttrValue::InFlightLoad(switchyard_plugin_api::InFlightLoad {
-                        requests: in_flight[position],
-                        tokens: 0,
-                    })
-                })
+                .map(|position| Attributes::in_flight(in_flight[position], 0))
                 .collect();
             let attrs = Attributes::new().set(load.clone(), loads);
             if with_cache_estimates {
