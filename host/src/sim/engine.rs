@@ -2,13 +2,12 @@
 //! completions, in virtual time.
 
 use super::fleet::{Profile, SimFleet};
-use super::kv_cache::HashBuild;
 use super::replica::{Job, PrefillStart, Replica, ReplicaStats};
 use super::report::PipelineReport;
 use super::router::{Decision, ReplicaState, SimRequest, SimRouter};
 use super::stepper::{StepEvent, StepReplica};
 use std::cmp::{Ordering, Reverse};
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashMap};
 use std::iter::Peekable;
 use std::ops::Range;
 use std::sync::Arc;
@@ -204,8 +203,7 @@ struct Sim<I: Iterator<Item = SimRequest>> {
     chains: HashMap<usize, SharedChain>,
     /// Sweep `chains` of buffers nothing else holds when it grows past this.
     sweep_at: usize,
-    distinct: HashSet<u64, HashBuild>,
-    /// Per chain (by its start in `hashes`), the end of the part already in `distinct`: the
+    /// Per chain (by its start in `hashes`), the end of the part dispatched so far: the
     /// samples of a prompt add its blocks once, not once each.
     counted: HashMap<usize, usize>,
     replicas: Vec<SimReplica>,
@@ -245,7 +243,6 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             hashes: Vec::new(),
             chains: HashMap::new(),
             sweep_at: 64,
-            distinct: HashSet::default(),
             counted: HashMap::new(),
             replicas,
             view: truth.clone(),
@@ -464,10 +461,7 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             .counted
             .entry(job.blocks.start)
             .or_insert(job.blocks.start);
-        if job.blocks.end > *counted {
-            self.distinct.extend(&self.hashes[*counted..job.blocks.end]);
-            *counted = job.blocks.end;
-        }
+        *counted = (*counted).max(job.blocks.end);
         match &mut self.replicas[r] {
             SimReplica::Fixed(replica) => {
                 let started = replica.dispatch(self.now, job, &self.hashes);
@@ -615,11 +609,29 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             records: self.records,
             replicas: self.replicas,
             objectives: self.objectives,
-            distinct_blocks: self.distinct.len() as u64,
+            distinct_blocks: distinct_blocks(self.hashes, &self.counted),
             block_size: self.block_size,
             end_ms: self.now,
         }
     }
+}
+
+/// How many distinct block hashes the dispatched parts of the chains hold, counted in the
+/// chains' own store: the parts are moved to its front, sorted and deduplicated there, so the
+/// count costs no memory beyond the store.
+fn distinct_blocks(mut hashes: Vec<u64>, counted: &HashMap<usize, usize>) -> u64 {
+    let mut parts: Vec<(usize, usize)> = counted.iter().map(|(&s, &e)| (s, e)).collect();
+    parts.sort_unstable();
+    let mut len = 0;
+    for (start, end) in parts {
+        // Chains do not overlap and are visited in store order, so `len <= start`.
+        hashes.copy_within(start..end, len);
+        len += end - start;
+    }
+    hashes.truncate(len);
+    hashes.sort_unstable();
+    hashes.dedup();
+    hashes.len() as u64
 }
 
 #[cfg(test)]
