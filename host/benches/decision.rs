@@ -7,6 +7,11 @@
 //! A third group places a burst of 16 requests sharing one prompt per iteration, the case
 //! the batch window exists for; its figure covers all 16 decisions. A fourth places 16
 //! requests with distinct prompts of the same length in one window: each must be hashed.
+//!
+//! `decision/floor` is the hashing a decision cannot avoid, measured in the same run: the
+//! chained block hashes of the same prompts, rotating over the same pool, in the 64-token
+//! blocks the default pipeline's producers hash (the approximate producer raises its 16-token
+//! default to its 64-token minimum).
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -17,10 +22,16 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use switchyard::pipeline::{build, load_registry, Prompt, Request, Scheduler};
 use switchyard_plugin_api::Outcome;
+use switchyard_prefix_hashing::{hash_prompt_into, prompt_seed};
 
 #[path = "support/shape.rs"]
 mod shape;
 use shape::{fleet, load, prompt, window_ms, workspace_root, PROMPT_POOL};
+
+/// The allocator the `switchyard` binary runs with, so the host's allocations cost here what
+/// they cost there (plugin libraries keep their own).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const PLUGIN_PACKAGES: &[&str] = &[
     "burst-prefix-cache-producer",
@@ -139,7 +150,42 @@ fn bench_config(
     group.finish();
 }
 
+/// Tokens per block of the floor: the block size the default pipeline hashes at.
+const FLOOR_BLOCK_TOKENS: usize = 64;
+
+/// Hashing alone, for the ratio of each decision to it.
+fn bench_floor(c: &mut Criterion) {
+    let mut group = c.benchmark_group("decision/floor");
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2));
+    let seed = prompt_seed("bench-model", "");
+    for &tokens in PROMPT_TOKENS {
+        let pool: Vec<Vec<u32>> = (0..PROMPT_POOL).map(|k| prompt(k, tokens)).collect();
+        let mut out = Vec::with_capacity(tokens / FLOOR_BLOCK_TOKENS);
+        let mut next = 0usize;
+        group.bench_function(format!("{}k_tokens", tokens / 1024), |b| {
+            b.iter(|| {
+                next += 1;
+                out.clear();
+                let prompt = &pool[next % PROMPT_POOL];
+                hash_prompt_into(
+                    black_box(seed),
+                    prompt,
+                    FLOOR_BLOCK_TOKENS,
+                    usize::MAX,
+                    &mut out,
+                );
+                black_box(&out);
+            })
+        });
+    }
+    group.finish();
+}
+
 fn decision(c: &mut Criterion) {
+    bench_floor(c);
     let plugin_dir = release_plugin_dir();
     bench_config(c, &plugin_dir, "default.toml", "default", 1, false);
     bench_config(

@@ -3,7 +3,9 @@
 //!
 //! `decision_loop [config] [endpoints] [tokens] [iterations]`
 //!
-//! Defaults: `approx-prefix-load.toml`, 64 endpoints, 8192 tokens, 2000 iterations. The plugin
+//! Defaults: `approx-prefix-load.toml`, 64 endpoints, 8192 tokens, 2000 iterations. Prints the
+//! mean time per decision spent in the scheduler and in each plugin's timed calls, and its
+//! ratio to hashing the same prompt alone, measured in the same iterations. The plugin
 //! libraries are loaded from `target/release` (build them with `cargo build --release
 //! --workspace` first).
 
@@ -11,10 +13,16 @@ use std::sync::Arc;
 
 use switchyard::pipeline::{build, load_registry, Prompt, Request, Scheduler};
 use switchyard_plugin_api::Outcome;
+use switchyard_prefix_hashing::{hash_prompt_into, prompt_seed};
 
 #[path = "../benches/support/shape.rs"]
 mod shape;
 use shape::{fleet, load, prompt, window_ms, workspace_root, PROMPT_POOL};
+
+/// The allocator the `switchyard` binary runs with, so the host's allocations cost here what
+/// they cost there (plugin libraries keep their own).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -35,6 +43,12 @@ fn main() {
 
     let mut now = 0.0f64;
     let mut placed = 0usize;
+    let mut in_scheduler = std::time::Duration::ZERO;
+    // The floor, measured in the same iterations: the prompt's chained hashes in 64-token
+    // blocks, the hashing no decision can avoid.
+    let seed = prompt_seed("bench-model", "");
+    let mut hashes = Vec::new();
+    let mut hashing = std::time::Duration::ZERO;
     for next in 1..=iterations {
         let request = Request {
             id: format!("r{next}"),
@@ -44,14 +58,41 @@ fn main() {
             max_output_tokens: Some(256),
         };
         let id = request.id.clone();
+        let started = std::time::Instant::now();
         let mut decisions = scheduler.submit(request, now);
         now += window;
         decisions.extend(scheduler.advance(now));
         assert_eq!(decisions.len(), 1, "one decision per request");
         placed += decisions.iter().filter(|d| d.result.is_ok()).count();
         scheduler.complete(&id, Outcome::Finished, now);
+        let decided = std::time::Instant::now();
+        in_scheduler += decided - started;
+        // After the decision, so the floor, not the decision, finds the prompt in cache.
+        hashes.clear();
+        hash_prompt_into(seed, &pool[next % PROMPT_POOL], 64, usize::MAX, &mut hashes);
+        std::hint::black_box(&hashes);
+        hashing += decided.elapsed();
         now += 1.0;
         std::hint::black_box(decisions);
     }
     println!("{placed} of {iterations} placed");
+    let per_decision = |nanos: f64| nanos / iterations.max(1) as f64;
+    println!(
+        "{:>9.0} ns per decision in the scheduler (submit, advance, complete)",
+        per_decision(in_scheduler.as_nanos() as f64)
+    );
+    println!(
+        "{:>9.0} ns per decision hashing the prompt alone (the floor); the decision is {:.2}x it",
+        per_decision(hashing.as_nanos() as f64),
+        in_scheduler.as_secs_f64() / hashing.as_secs_f64().max(f64::MIN_POSITIVE)
+    );
+    for (name, stats) in scheduler.stats() {
+        if stats.timed_calls > 0 {
+            println!(
+                "{:>9.0} ns per decision in {name} ({} timed calls)",
+                per_decision(stats.timed_nanos as f64),
+                stats.timed_calls
+            );
+        }
+    }
 }

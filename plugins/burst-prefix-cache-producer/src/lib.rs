@@ -15,7 +15,8 @@ use switchyard_plugin_api::keys::{
 };
 use switchyard_plugin_api::sdk::{Declare, Instance, Param, PluginFactory, ProduceBatch, Producer};
 use switchyard_plugin_api::{
-    AttrValue, BatchPolicy, PluginError, PluginKind, PrefixCacheMatchInfo, ProduceItem, Stability,
+    AttrValue, BatchPolicy, EndpointView, PluginError, PluginKind, PrefixCacheMatchInfo,
+    ProduceItem, Stability,
 };
 use switchyard_prefix_hashing::{block_count, hash_prompt_into, prompt_seed};
 
@@ -179,20 +180,19 @@ impl Producer for BurstProducer {
         items: &[ProduceItem<'_>],
         out: &mut ProduceBatch<'_>,
     ) -> Result<(), PluginError> {
+        if let [item] = items {
+            if self.config.assignment() == Assignment::FairShare {
+                let count = self.block_count_of(item);
+                let target = self.place_alone(item, count);
+                put_matches(item, count, target, self.config.block_size(), out);
+                return Ok(());
+            }
+        }
         let block_size = self.config.block_size();
         let max_blocks = self.config.max_blocks();
 
         // Every item's block count, known without hashing.
-        let counts: Vec<usize> = items
-            .iter()
-            .map(|item| {
-                item.request
-                    .prompts
-                    .iter()
-                    .map(|p| block_count(p.tokens.len(), block_size, max_blocks))
-                    .sum()
-            })
-            .collect();
+        let counts: Vec<usize> = items.iter().map(|item| self.block_count_of(item)).collect();
         // With `minColocateBlocks = 0` only identical hash lists are placed together, and
         // lists of different lengths never are: a request whose block count no other request
         // of the batch shares gets no affinity whatever its hashes, and takes no part in
@@ -276,37 +276,16 @@ impl Producer for BurstProducer {
             .find(|(_, &count)| count > 0)
             .map(|(item, _)| item);
         let spread_over = first_with_blocks.map_or(&[][..], |item| item.endpoints.as_slice());
-        // Where the in-flight counts are read: the same request's row as the candidates.
-        let sent_from = self
-            .config
-            .in_flight_producer()
-            .map(|_| consumes_in_flight(&self.config))
-            .zip(first_with_blocks);
-        let replicas = || -> Vec<Replica<'_>> {
-            spread_over
-                .iter()
-                .map(|endpoint| {
-                    let reported = u64::from(endpoint.metrics.running_requests);
-                    let sent = sent_from
-                        .and_then(|(key, item)| item.attrs.get(key, endpoint)?.in_flight_load())
-                        .map_or(0, |load| u64::try_from(load.requests).unwrap_or(0));
-                    Replica {
-                        id: endpoint.id.as_str(),
-                        running_requests: reported.max(sent),
-                    }
-                })
-                .collect()
-        };
-        let assigned = if fair_share {
+        let assigned = if fair_share && placed_counts.iter().any(|&count| count > 0) {
             assign_fair_share(
                 &entries,
                 &placed_counts,
-                &replicas(),
+                &self.replicas(spread_over, first_with_blocks),
                 self.config.colocate_blocks(),
                 self.config.balance(),
             )
-        } else if needs_hashing.contains(&true) {
-            let replicas = replicas();
+        } else if !fair_share && needs_hashing.contains(&true) {
+            let replicas = self.replicas(spread_over, first_with_blocks);
             assign(
                 &entries,
                 &replicas,
@@ -315,33 +294,103 @@ impl Producer for BurstProducer {
                 self.config.balance(),
             )
         } else {
-            // Nothing hashed: every entry is empty, and `assign` places no empty entry.
+            // Nothing to place: under fair share no request with blocks is left in the
+            // batch; otherwise nothing was hashed, and `assign` places no empty entry.
             vec![None; items.len()]
         };
 
-        let block_size_tokens = block_size as u64;
         for ((item, &count), target) in items.iter().zip(&counts).zip(&assigned) {
-            let total_blocks = count as u64;
             let target = target.map(|replica| spread_over[replica].host_index);
-            for (position, endpoint) in item.endpoints.iter().enumerate() {
-                let match_blocks = if target == Some(endpoint.host_index) {
-                    total_blocks
-                } else {
-                    0
-                };
-                out.put(
-                    item,
-                    PRODUCES_MATCH_INFO,
-                    position,
-                    AttrValue::PrefixCacheMatch(PrefixCacheMatchInfo {
-                        match_blocks,
-                        total_blocks,
-                        block_size_tokens,
-                    }),
-                );
-            }
+            put_matches(item, count, target, block_size, out);
         }
         Ok(())
+    }
+}
+
+impl BurstProducer {
+    /// The item's block count over all its prompts, known without hashing.
+    fn block_count_of(&self, item: &ProduceItem<'_>) -> usize {
+        let (block_size, max_blocks) = (self.config.block_size(), self.config.max_blocks());
+        item.request
+            .prompts
+            .iter()
+            .map(|p| block_count(p.tokens.len(), block_size, max_blocks))
+            .sum()
+    }
+
+    /// Fair share of a batch of one request (`count` blocks), as the batch path places it:
+    /// with no other request to group with, its hashes cannot change the placement, so they
+    /// are not computed. Returns the chosen endpoint's host index.
+    fn place_alone(&self, item: &ProduceItem<'_>, count: usize) -> Option<u32> {
+        if count == 0 || (self.config.cached_match_producer().is_some() && cached_somewhere(item)) {
+            return None;
+        }
+        let replicas = self.replicas(&item.endpoints, Some(item));
+        let placed = assign_fair_share(
+            &[&[]],
+            &[count],
+            &replicas,
+            self.config.colocate_blocks(),
+            self.config.balance(),
+        );
+        placed[0].map(|replica| item.endpoints[replica].host_index)
+    }
+
+    /// The replicas a batch is spread over, with the load each carries: its reported running
+    /// requests, or the requests in flight to it when `inFlightProducerName` is set and that
+    /// is larger (read from `sent_from`'s row, the request whose candidates these are).
+    fn replicas<'a>(
+        &self,
+        spread_over: &'a [EndpointView],
+        sent_from: Option<&ProduceItem<'_>>,
+    ) -> Vec<Replica<'a>> {
+        let in_flight = self
+            .config
+            .in_flight_producer()
+            .map(|_| consumes_in_flight(&self.config))
+            .zip(sent_from);
+        spread_over
+            .iter()
+            .map(|endpoint| {
+                let reported = u64::from(endpoint.metrics.running_requests);
+                let sent = in_flight
+                    .and_then(|(key, item)| item.attrs.get(key, endpoint)?.in_flight_load())
+                    .map_or(0, |load| u64::try_from(load.requests).unwrap_or(0));
+                Replica {
+                    id: endpoint.id.as_str(),
+                    running_requests: reported.max(sent),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Writes `item`'s match info for every candidate: a full match of its `count` blocks on the
+/// endpoint with host index `target`, none elsewhere.
+fn put_matches(
+    item: &ProduceItem<'_>,
+    count: usize,
+    target: Option<u32>,
+    block_size: usize,
+    out: &mut ProduceBatch<'_>,
+) {
+    let total_blocks = count as u64;
+    for (position, endpoint) in item.endpoints.iter().enumerate() {
+        let match_blocks = if target == Some(endpoint.host_index) {
+            total_blocks
+        } else {
+            0
+        };
+        out.put(
+            item,
+            PRODUCES_MATCH_INFO,
+            position,
+            AttrValue::PrefixCacheMatch(PrefixCacheMatchInfo {
+                match_blocks,
+                total_blocks,
+                block_size_tokens: block_size as u64,
+            }),
+        );
     }
 }
 

@@ -599,3 +599,63 @@ fn in_flight_counts_add_to_the_reported_load() {
     let values = produce_with_in_flight(&producer, &stale, &[20, 0, 0, 0], false);
     assert_ne!(assigned(&stale, &values), ["/pod1"]);
 }
+
+#[test]
+fn a_batch_of_one_is_placed_where_the_fair_share_line_puts_it() {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |bound: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % bound
+    };
+    for parameters in [
+        r#"{"blockSizeTokens": 4, "assignment": "fairShare"}"#,
+        r#"{"blockSizeTokens": 4, "assignment": "fairShare", "balanceBy": "tokens"}"#,
+        r#"{"blockSizeTokens": 2, "assignment": "fairShare", "minColocateBlocks": 2}"#,
+    ] {
+        let producer = instance(parameters);
+        let config = BurstConfig::parse(parameters).expect("valid parameters");
+        for _ in 0..200 {
+            let tokens: Vec<u32> = (0..next(14) as u32).collect();
+            let candidates = &PODS[..1 + next(4) as usize];
+            let running: Vec<u32> = candidates.iter().map(|_| next(4) as u32).collect();
+            let batch = [Request {
+                request: base("").tokens(&tokens),
+                candidates: pods(candidates, &running),
+            }];
+            let count = block_count(tokens.len(), config.block_size(), config.max_blocks());
+            let mut hashes = Vec::new();
+            hash_prompt_into(
+                prompt_seed("", ""),
+                &tokens,
+                config.block_size(),
+                config.max_blocks(),
+                &mut hashes,
+            );
+            let replicas: Vec<Replica<'_>> = candidates
+                .iter()
+                .zip(&running)
+                .map(|(id, &load)| Replica {
+                    id,
+                    running_requests: u64::from(load),
+                })
+                .collect();
+            let line = assign_fair_share(
+                &[&hashes],
+                &[count],
+                &replicas,
+                config.colocate_blocks(),
+                config.balance(),
+            );
+            let expected = line[0].map_or("-", |replica| candidates[replica]);
+            let values = produce(&producer, &batch);
+            assert_eq!(
+                assigned(&batch, &values)[0],
+                expected,
+                "{parameters}: {} tokens, loads {running:?}",
+                tokens.len()
+            );
+        }
+    }
+}
