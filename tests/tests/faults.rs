@@ -66,6 +66,34 @@ fn repeated_panics_switch_the_plugin_off() {
 }
 
 #[test]
+fn every_library_produce_call_is_timed_and_the_hosts_producers_one_decision_in_sixteen() {
+    use switchyard::pipeline::scheduler::TIMING_SAMPLE;
+    let toml = format!(
+        "libraries = [\"panicking_plugin\"]\n{}\n\
+         [[plugins]]\nname = \"library\"\ntype = \"misbehaving-producer\"\n\
+         [plugins.parameters]\nbehaviour = \"none\"\n\
+         [[plugins]]\ntype = \"inflight-load-producer\"\n\
+         [[plugins]]\ntype = \"load-aware-scorer\"\n\
+         [[plugins]]\ntype = \"max-score-picker\"\n",
+        endpoints(3)
+    );
+    let mut scheduler = scheduler("producer-timing", &toml, 7);
+    let decisions = 2 * TIMING_SAMPLE;
+    for i in 0..decisions {
+        let placed = scheduler.submit(request(&format!("t{i}"), "fine"), i as f64);
+        assert!(placed[0].result.is_ok());
+    }
+    let stats = scheduler.stats();
+    let of = |name: &str| stats.iter().find(|(n, _)| n == name).expect(name).1.clone();
+    // `calls` counts the dispatch hooks too.
+    let library = of("library (misbehaving-producer)");
+    assert_eq!(library.timed_calls, decisions);
+    let host = of("inflight-load-producer");
+    assert!(host.calls >= decisions);
+    assert_eq!(host.timed_calls, 2);
+}
+
+#[test]
 fn one_decision_in_sixteen_times_its_scorer_and_picker_calls() {
     use switchyard::pipeline::scheduler::TIMING_SAMPLE;
     let mut scheduler = scheduler("timing", &config(), 7);

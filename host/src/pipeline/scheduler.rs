@@ -33,6 +33,7 @@ use super::request::{Endpoint, Fleet, Request};
 use super::tokenize::{prompt_buffers, PromptBuffer};
 use super::wiring::Pipeline;
 use crate::plugins::crash_note;
+use crate::plugins::registry::Source;
 
 /// Consecutive panics after which an instance is switched off for the life of the process.
 pub const POISON_AFTER_PANICS: u32 = 3;
@@ -499,7 +500,8 @@ impl Scheduler {
             record,
         };
         let mut decisions = Vec::new();
-        self.carry_on(ticket, now_ms, &mut decisions);
+        let pipeline = Arc::clone(&self.pipeline);
+        self.carry_on(&pipeline, ticket, now_ms, &mut decisions);
         decisions
     }
 
@@ -526,11 +528,18 @@ impl Scheduler {
                     sealed_ms: now_ms,
                     batch_size: window.members.len(),
                 });
-            self.run_producer(position, &mut window.members, now_ms, info.as_ref());
+            let pipeline = Arc::clone(&self.pipeline);
+            self.run_producer(
+                &pipeline,
+                position,
+                &mut window.members,
+                now_ms,
+                info.as_ref(),
+            );
             let mut members = window.members;
             for mut ticket in members.drain(..) {
                 ticket.next_producer = position + 1;
-                self.carry_on(ticket, now_ms, &mut decisions);
+                self.carry_on(&pipeline, ticket, now_ms, &mut decisions);
             }
             if self.scratch.members.len() < SCRATCH_POOL {
                 self.scratch.members.push(members);
@@ -577,7 +586,8 @@ impl Scheduler {
             .request
             .view(done.request.prompt_views(), now_ms, false);
         let endpoint = done.request.fleet.view(done.endpoint);
-        for &plugin in &self.pipeline.clone().producers {
+        for position in 0..self.pipeline.producers.len() {
+            let plugin = self.pipeline.producers[position];
             if self.skips(plugin) {
                 continue;
             }
@@ -597,8 +607,14 @@ impl Scheduler {
     }
 
     /// Runs the ticket's remaining producers, parking it in a window or deciding it.
-    fn carry_on(&mut self, mut ticket: Ticket, now_ms: f64, decisions: &mut Vec<Decision>) {
-        let pipeline = self.pipeline.clone();
+    /// `pipeline` is `self.pipeline`, borrowed once by the caller for the whole request.
+    fn carry_on(
+        &mut self,
+        pipeline: &Pipeline,
+        mut ticket: Ticket,
+        now_ms: f64,
+        decisions: &mut Vec<Decision>,
+    ) {
         while let Some(&plugin) = pipeline.producers.get(ticket.next_producer) {
             let position = ticket.next_producer;
             ticket.next_producer += 1;
@@ -618,7 +634,13 @@ impl Scheduler {
                 continue;
             }
             let Some(policy) = wired.declarations.batch() else {
-                self.run_producer(position, std::slice::from_mut(&mut ticket), now_ms, None);
+                self.run_producer(
+                    pipeline,
+                    position,
+                    std::slice::from_mut(&mut ticket),
+                    now_ms,
+                    None,
+                );
                 continue;
             };
             let pooled = &mut self.scratch.members;
@@ -652,25 +674,28 @@ impl Scheduler {
                 });
             }
         }
-        decisions.push(self.decide(ticket, now_ms));
+        decisions.push(self.decide(pipeline, ticket, now_ms));
     }
 
     /// One call of the producer at `position` over `tickets`, outputs moved into each
     /// ticket's store.
     fn run_producer(
         &mut self,
+        pipeline: &Pipeline,
         position: usize,
         tickets: &mut [Ticket],
         now_ms: f64,
         window: Option<&WindowRecord>,
     ) {
-        let pipeline = self.pipeline.clone();
         let plugin_index = pipeline.producers[position];
         let plugin = &pipeline.plugins[plugin_index];
         let produced = plugin.produced_rows.len();
         let explain = self.explain;
 
-        let started = Instant::now();
+        // A library's produce call is timed every time, against its budget; the host's own
+        // producers only on sampled decisions, for the latency counters.
+        let budgeted = plugin.source != Source::Builtin;
+        let started = (budgeted || self.sampled()).then(Instant::now);
         let result = {
             let mut offset = 0u32;
             let consumed = plugin.consumed_rows.as_slice();
@@ -691,12 +716,14 @@ impl Scheduler {
             let _call = crash_note::enter(&plugin.call_label, Entry::Produce.name());
             plugin.object.produce(items, out)
         };
-        let elapsed = started.elapsed();
-        self.stats[plugin_index].timed_calls += 1;
-        self.stats[plugin_index].timed_nanos += elapsed.as_nanos() as u64;
-        let elapsed_ms = elapsed.as_secs_f64() * 1000.0;
+        let elapsed_ms = started.map_or(0.0, |started| {
+            let elapsed = started.elapsed();
+            self.stats[plugin_index].timed_calls += 1;
+            self.stats[plugin_index].timed_nanos += elapsed.as_nanos() as u64;
+            elapsed.as_secs_f64() * 1000.0
+        });
         let result = match result {
-            Ok(()) if elapsed_ms > plugin.timeout_ms() as f64 => {
+            Ok(()) if budgeted && elapsed_ms > plugin.timeout_ms() as f64 => {
                 self.stats[plugin_index].timeouts += 1;
                 Err(PluginError::failed(format!(
                     "timed out: the call took {elapsed_ms:.0} ms, over its {} ms budget; its \
@@ -801,7 +828,6 @@ impl Scheduler {
         }
     }
 
-    /// Filters, scorers and picker over a ticket whose producers have all run.
     /// Whether the current decision's calls are timed.
     fn sampled(&self) -> bool {
         // TIMING_SAMPLE is a power of two.
@@ -817,7 +843,7 @@ impl Scheduler {
         }
     }
 
-    fn decide(&mut self, ticket: Ticket, now_ms: f64) -> Decision {
+    fn decide(&mut self, pipeline: &Pipeline, ticket: Ticket, now_ms: f64) -> Decision {
         self.decisions += 1;
         let Ticket {
             request: mut admitted,
@@ -831,9 +857,16 @@ impl Scheduler {
         let mut candidates = Cow::Borrowed(admitted.fleet.views());
         let stride = admitted.fleet.len();
         let outcome = self
-            .filter(&request, &mut candidates, &store, stride, &mut record)
+            .filter(
+                pipeline,
+                &request,
+                &mut candidates,
+                &store,
+                stride,
+                &mut record,
+            )
             .and_then(|()| {
-                self.score(&request, &candidates, &store, stride, &mut record);
+                self.score(pipeline, &request, &candidates, &store, stride, &mut record);
                 self.pick(&request, &candidates)
             });
         if self.scratch.stores.len() < SCRATCH_POOL {
@@ -863,11 +896,11 @@ impl Scheduler {
 
         // Dispatch hooks: producers charge what they track against the primary endpoint.
         let primary = admitted.fleet.view(chosen[0]);
-        for &producer in &self.pipeline.clone().producers {
+        for &producer in &pipeline.producers {
             if self.skips(producer) {
                 continue;
             }
-            let wired = &self.pipeline.plugins[producer];
+            let wired = &pipeline.plugins[producer];
             let result = {
                 let _call = crash_note::enter(&wired.call_label, Entry::Dispatched.name());
                 wired.object.dispatched(&request, &primary)
@@ -896,6 +929,7 @@ impl Scheduler {
     /// Runs the filters in profile order, each on the previous one's output.
     fn filter(
         &mut self,
+        pipeline: &Pipeline,
         request: &RequestView<'_>,
         candidates: &mut Cow<'_, [EndpointView<'_>]>,
         store: &[AttrValue],
@@ -905,7 +939,6 @@ impl Scheduler {
         if candidates.is_empty() {
             return Err(Rejection::NoEndpoints);
         }
-        let pipeline = self.pipeline.clone();
         let mut keep = std::mem::take(&mut self.scratch.keep);
         let mut note = RString::new();
         let mut outcome = Ok(());
@@ -957,13 +990,13 @@ impl Scheduler {
     /// Sums the weighted, clamped scores into `scratch.totals`.
     fn score(
         &mut self,
+        pipeline: &Pipeline,
         request: &RequestView<'_>,
         candidates: &[EndpointView<'_>],
         store: &[AttrValue],
         stride: usize,
         record: &mut Option<DecisionRecord>,
     ) {
-        let pipeline = self.pipeline.clone();
         let mut totals = std::mem::take(&mut self.scratch.totals);
         let mut scores = std::mem::take(&mut self.scratch.scores);
         totals.clear();

@@ -248,8 +248,9 @@ impl Metrics {
         registry.register("plugin_panics", "Plugin calls that panicked", panics);
         registry.register(
             "plugin_call_seconds",
-            "Time spent in timed plugin calls (every produce call; filter, scorer and picker \
-             calls of one decision in 16); divide by plugin_timed_calls for the mean latency",
+            "Time spent in timed plugin calls (every produce call of a plugin library; the \
+             host's own producers and filter, scorer and picker calls of one decision in 16); \
+             divide by plugin_timed_calls for the mean latency",
             timed_seconds,
         );
         registry.register(
