@@ -84,7 +84,7 @@ fn every_library_produce_call_is_timed_and_the_hosts_producers_one_decision_in_s
         assert!(placed[0].result.is_ok());
     }
     let stats = scheduler.stats();
-    let of = |name: &str| stats.iter().find(|(n, _)| n == name).expect(name).1.clone();
+    let of = |name: &str| stats.iter().find(|(n, _)| n == name).expect(name).1;
     // `calls` counts the dispatch hooks too.
     let library = of("library (misbehaving-producer)");
     assert_eq!(library.timed_calls, decisions);
