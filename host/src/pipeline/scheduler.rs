@@ -745,11 +745,16 @@ impl Scheduler {
             let n = ticket.request.fleet.len();
             if error.is_none() {
                 for (k, &row) in plugin.produced_rows.iter().enumerate() {
-                    // The target row is still absent (each row has one producer, which runs
-                    // once per request), so swapping moves the outputs in one step.
-                    let source = &mut self.scratch.produced[offset + k * n..][..n];
+                    let source = &self.scratch.produced[offset + k * n..][..n];
                     let target = &mut ticket.store[row as usize * n..][..n];
-                    target.swap_with_slice(source);
+                    // SAFETY: the ranges are in bounds (just sliced) and in different buffers.
+                    // The target row is still absent (each row has one producer, which runs
+                    // once per request), so overwriting it drops nothing; were it not, its
+                    // values would leak, never be freed twice. The source values are moved:
+                    // the buffer forgets all of its values below, before anything reads them.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(source.as_ptr(), target.as_mut_ptr(), n);
+                    }
                 }
             }
             offset += produced * n;
@@ -779,6 +784,12 @@ impl Scheduler {
             if window.is_some() {
                 record.window = window.cloned();
             }
+        }
+        if error.is_none() {
+            // SAFETY: every value of the buffer was moved into a ticket's store above (the
+            // items' outputs tile it: `offset` ends at its length), so none may be dropped here.
+            debug_assert_eq!(offset, self.scratch.produced.len());
+            unsafe { self.scratch.produced.set_len(0) };
         }
     }
 
@@ -870,7 +881,15 @@ impl Scheduler {
                 self.pick(&request, &candidates)
             });
         if self.scratch.stores.len() < SCRATCH_POOL {
-            store.clear();
+            if pipeline.plain_rows {
+                // SAFETY: with plain rows every value in the store is `Absent` or a variant of
+                // a well-known data type (the host checked each producer's output against its
+                // key's type before moving it in), none of which owns memory, so forgetting
+                // the values instead of dropping them frees nothing that needed freeing.
+                unsafe { store.set_len(0) };
+            } else {
+                store.clear();
+            }
             self.scratch.stores.push(store);
         }
         let chosen = match outcome {
@@ -1213,12 +1232,14 @@ fn attr_view<'a>(store: &'a [AttrValue], stride: usize, rows: &'a [u32]) -> Attr
 }
 
 /// Scores are clamped to [0, 1]; a NaN counts as 0 rather than poisoning the sum.
+#[inline]
+#[allow(
+    clippy::manual_clamp,
+    reason = "`clamp` keeps a NaN; `max` returns its other operand, so a NaN becomes 0"
+)]
 pub fn clamp_score(score: f64) -> f64 {
-    if score.is_nan() {
-        0.0
-    } else {
-        score.clamp(0.0, 1.0)
-    }
+    // Both steps are branch-free, so the totals loop over the candidates vectorises.
+    score.max(0.0).min(1.0)
 }
 
 fn endpoint_view(endpoint: &Endpoint, slot: usize, host_index: u32) -> EndpointView<'_> {
@@ -1229,5 +1250,28 @@ fn endpoint_view(endpoint: &Endpoint, slot: usize, host_index: u32) -> EndpointV
         address: RStr::from(endpoint.address.as_str()),
         role: RStr::from(endpoint.role.as_str()),
         metrics: endpoint.metrics,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clamp_score;
+
+    #[test]
+    fn scores_are_clamped_to_the_unit_interval_and_nan_counts_as_zero() {
+        let cases = [
+            (f64::NAN, 0.0),
+            (-f64::NAN, 0.0),
+            (f64::INFINITY, 1.0),
+            (f64::NEG_INFINITY, 0.0),
+            (-3.0, 0.0),
+            (0.25, 0.25),
+            (1.0, 1.0),
+            (7.5, 1.0),
+        ];
+        for (raw, clamped) in cases {
+            assert_eq!(clamp_score(raw), clamped, "{raw}");
+        }
+        assert_eq!(clamp_score(-0.0), 0.0);
     }
 }

@@ -149,6 +149,9 @@ pub struct Pipeline {
     pub profile: String,
     /// The data key of each attribute row.
     pub rows: Vec<DataKey>,
+    /// Whether no row can hold a value that owns memory: every row the scheduler fills is of
+    /// a well-known data type, whose values the host checks on the way in.
+    pub plain_rows: bool,
 }
 
 impl Pipeline {
@@ -242,6 +245,11 @@ pub fn build(
     let (profile_name, filters, scorers, picker) =
         resolve_profile(config, registry, profile, &mut plugins)?;
     warn_unused(&plugins, &producers, &filters, &scorers, picker);
+    let plain_rows = plugins
+        .iter()
+        .filter(|p| !p.host_native)
+        .flat_map(|p| &p.produced_checks)
+        .all(|check| *check != ValueCheck::Any);
     Ok(Pipeline {
         plugins,
         producers,
@@ -250,6 +258,7 @@ pub fn build(
         picker,
         profile: profile_name,
         rows,
+        plain_rows,
     })
 }
 
