@@ -195,6 +195,9 @@ struct Sim<I: Iterator<Item = SimRequest>> {
     total: usize,
     block_size: usize,
     records: Vec<RequestRecord>,
+    /// Record index by request id, for the ids that differ from their record's index (see
+    /// [`Sim::record_of`]); generated workloads number their requests in arrival order, so
+    /// theirs stays empty.
     index_of: HashMap<u64, usize>,
     /// Full-block hash chains of the arrived requests' buffers; `RequestRecord::job.blocks`
     /// indexes it.
@@ -239,7 +242,7 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             total,
             block_size,
             records: Vec::with_capacity(total),
-            index_of: HashMap::with_capacity(total),
+            index_of: HashMap::new(),
             hashes: Vec::new(),
             chains: HashMap::new(),
             sweep_at: 64,
@@ -389,7 +392,7 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
 
     fn arrive(&mut self, req: SimRequest, router: &mut dyn SimRouter) {
         let i = self.records.len();
-        let duplicate = self.index_of.contains_key(&req.id);
+        let duplicate = self.record_of(req.id).is_some();
         let (blocks, chain_end) = if duplicate {
             (0..0, 0)
         } else {
@@ -423,8 +426,22 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             self.finished += 1;
             return;
         }
-        self.index_of.insert(req.id, i);
+        if req.id != i as u64 {
+            self.index_of.insert(req.id, i);
+        }
         router.submit(self.now, &req, &self.view);
+    }
+
+    /// The record of the first request with id `id`. An id found in `index_of` maps to its
+    /// record; any other id can only be its own record's index (the first request with an id
+    /// is put in the map unless the two are equal, and a later one with the same id is a
+    /// duplicate, never looked up).
+    fn record_of(&self, id: u64) -> Option<usize> {
+        if let Some(&i) = self.index_of.get(&id) {
+            return Some(i);
+        }
+        let i = usize::try_from(id).ok()?;
+        (self.records.get(i)?.id == id).then_some(i)
     }
 
     fn poll(&mut self, router: &mut dyn SimRouter) -> usize {
@@ -432,7 +449,7 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
         router.poll(self.now, &self.view, &mut decisions);
         let mut decided = 0;
         for d in decisions.drain(..) {
-            let Some(&i) = self.index_of.get(&d.request) else {
+            let Some(i) = self.record_of(d.request) else {
                 continue;
             };
             if self.records[i].status != Status::Pending {

@@ -389,6 +389,60 @@ fn duplicate_ids_are_rejected_without_reaching_the_router() {
 }
 
 #[test]
+fn ids_equal_to_their_arrival_index_and_other_ids_are_told_apart() {
+    // Ids 0, 2 and 6 arrive at their own index; 7, 1 and 4 do not; the second 0 and the
+    // second 7 are duplicates, one of an id at its own index and one of an id elsewhere.
+    let ids = [0, 7, 2, 0, 1, 7, 6, 4];
+    let workload: Vec<SimRequest> = ids
+        .iter()
+        .enumerate()
+        .map(|(k, &id)| request(id, k as f64, distinct_prompt(k as u32, 32), 1))
+        .collect();
+    let report = run_quiet(&workload, &fleet(2, 4, 100.0), &mut RoundRobin::new());
+    assert_eq!((report.completed, report.rejected), (6, 2));
+
+    // A duplicate at its own index (the second 3) must not hide the first 3, placed elsewhere,
+    // from decisions that come after the duplicate arrived.
+    let workload: Vec<SimRequest> = [3, 8, 9, 3]
+        .iter()
+        .enumerate()
+        .map(|(k, &id)| request(id, k as f64, distinct_prompt(k as u32, 32), 1))
+        .collect();
+    let mut router = DecidesAtTheEnd::default();
+    let report = run_quiet(&workload, &fleet(2, 4, 100.0), &mut router);
+    assert_eq!((report.completed, report.rejected), (3, 1));
+}
+
+/// Holds every decision until it is polled at 3 ms or later, then places all it holds on
+/// replica 0.
+#[derive(Default)]
+struct DecidesAtTheEnd {
+    held: Vec<u64>,
+}
+
+impl SimRouter for DecidesAtTheEnd {
+    fn name(&self) -> &str {
+        "decides-at-the-end"
+    }
+    fn submit(&mut self, _now_ms: f64, req: &SimRequest, _fleet: &[ReplicaState]) {
+        self.held.push(req.id);
+    }
+    fn next_wakeup(&self) -> Option<f64> {
+        None
+    }
+    fn poll(&mut self, now_ms: f64, _fleet: &[ReplicaState], out: &mut Vec<Decision>) {
+        if now_ms >= 3.0 {
+            out.extend(self.held.drain(..).map(|request| Decision {
+                request,
+                replica: Some(0),
+                note: None,
+            }));
+        }
+    }
+    fn on_complete(&mut self, _now_ms: f64, _request: u64, _replica: usize) {}
+}
+
+#[test]
 fn progress_is_monotonic_and_ends_complete() {
     let workload: Vec<SimRequest> = (0..250)
         .map(|i| request(i, i as f64, distinct_prompt(i as u32, 32), 2))
