@@ -13,6 +13,18 @@ use super::*;
 /// Every endpoint the tests know; an endpoint's host index is its position here.
 const PODS: [&str; 4] = ["/pod1", "/pod2", "/pod3", "/pod4"];
 
+/// A small deterministic generator (xorshift) of numbers below a bound, so a failing random
+/// case is reproducible.
+pub(crate) fn numbers(seed: u64) -> impl FnMut(u64) -> u64 {
+    let mut state = seed;
+    move |bound| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % bound
+    }
+}
+
 fn instance(parameters: &str) -> Harness {
     match Harness::named(&FACTORY, "burst", parameters) {
         Ok(harness) => harness,
@@ -335,13 +347,7 @@ fn produce_hashing_everything(parameters: &str, batch: &[Request]) -> Vec<Vec<At
 
 #[test]
 fn requests_left_unhashed_get_what_hashing_them_gives() {
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let mut next = |bound: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % bound
-    };
+    let mut next = numbers(0x2545_f491_4f6c_dd1d);
     let parameter_sets = [
         r#"{"minColocateBlocks": 0}"#,
         r#"{"minColocateBlocks": 0, "blockSizeTokens": 4, "balanceBy": "tokens"}"#,
@@ -602,13 +608,7 @@ fn in_flight_counts_add_to_the_reported_load() {
 
 #[test]
 fn a_batch_of_one_is_placed_where_the_fair_share_line_puts_it() {
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = |bound: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % bound
-    };
+    let mut next = numbers(0x9e37_79b9_7f4a_7c15);
     for parameters in [
         r#"{"blockSizeTokens": 4, "assignment": "fairShare"}"#,
         r#"{"blockSizeTokens": 4, "assignment": "fairShare", "balanceBy": "tokens"}"#,
