@@ -740,27 +740,14 @@ impl Scheduler {
             tracing::debug!(producer = %plugin.label(), "produce failed: {message}");
         }
 
-        let mut offset = 0usize;
+        if error.is_none() {
+            move_outputs(plugin, tickets, &mut self.scratch.produced);
+        }
         for ticket in tickets.iter_mut() {
-            let n = ticket.request.fleet.len();
-            if error.is_none() {
-                for (k, &row) in plugin.produced_rows.iter().enumerate() {
-                    let source = &self.scratch.produced[offset + k * n..][..n];
-                    let target = &mut ticket.store[row as usize * n..][..n];
-                    // SAFETY: the ranges are in bounds (just sliced) and in different buffers.
-                    // The target row is still absent (each row has one producer, which runs
-                    // once per request), so overwriting it drops nothing; were it not, its
-                    // values would leak, never be freed twice. The source values are moved:
-                    // the buffer forgets all of its values below, before anything reads them.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(source.as_ptr(), target.as_mut_ptr(), n);
-                    }
-                }
-            }
-            offset += produced * n;
             let Some(record) = &mut ticket.record else {
                 continue;
             };
+            let n = ticket.request.fleet.len();
             let mut attributes = Vec::new();
             if error.is_none() {
                 for &row in &plugin.produced_rows {
@@ -784,12 +771,6 @@ impl Scheduler {
             if window.is_some() {
                 record.window = window.cloned();
             }
-        }
-        if error.is_none() {
-            // SAFETY: every value of the buffer was moved into a ticket's store above (the
-            // items' outputs tile it: `offset` ends at its length), so none may be dropped here.
-            debug_assert_eq!(offset, self.scratch.produced.len());
-            unsafe { self.scratch.produced.set_len(0) };
         }
     }
 
@@ -1163,6 +1144,59 @@ fn check_picks(picked: &[u32], count: usize, seen: &mut Vec<bool>) -> Result<(),
         None => Ok(()),
         Some(message) => Err(PluginError::failed(format!("bad output: {message}"))),
     }
+}
+
+/// Moves a successful produce call's outputs from the call's buffer (items one after the
+/// other, each key-major over its endpoints) into the tickets' stores, leaving the buffer
+/// empty.
+///
+/// A key of a well-known data type holds values that own no memory (the host checked them),
+/// so its row is overwritten by one copy; any other key's values replace the row's one by one,
+/// dropping what was there (nothing, unless two outputs write one row).
+fn move_outputs(
+    plugin: &super::wiring::WiredPlugin,
+    tickets: &mut [Ticket],
+    outputs: &mut Vec<AttrValue>,
+) {
+    let len = outputs.len();
+    let source = outputs.as_ptr();
+    // SAFETY: from here on the loop below owns the buffer's values and reads each exactly once
+    // (the items' outputs tile the buffer); should it stop early, the rest leak, and none is
+    // dropped twice. The buffer is not touched again before the loop ends, so `source` stays
+    // valid.
+    unsafe { outputs.set_len(0) };
+    let produced = plugin.produced_rows.len();
+    let mut offset = 0usize;
+    for ticket in tickets.iter_mut() {
+        let n = ticket.request.fleet.len();
+        for (k, (&row, check)) in plugin
+            .produced_rows
+            .iter()
+            .zip(&plugin.produced_checks)
+            .enumerate()
+        {
+            let target = &mut ticket.store[row as usize * n..][..n];
+            assert!(
+                offset + (k + 1) * n <= len,
+                "outputs past the call's buffer"
+            );
+            // SAFETY: in bounds (asserted), and the buffer's values from here are unread.
+            let from = unsafe { source.add(offset + k * n) };
+            if *check == super::wiring::ValueCheck::Any {
+                for (i, slot) in target.iter_mut().enumerate() {
+                    // SAFETY: as above; each value is read once, then owned by the store.
+                    *slot = unsafe { from.add(i).read() };
+                }
+            } else {
+                // SAFETY: `n` values in bounds on both sides, in different buffers. The row's
+                // values, `Absent` or of its well-known type, own no memory, so overwriting
+                // them without dropping frees nothing that needed freeing.
+                unsafe { std::ptr::copy_nonoverlapping(from, target.as_mut_ptr(), n) };
+            }
+        }
+        offset += produced * n;
+    }
+    debug_assert_eq!(offset, len);
 }
 
 /// A producer's output holds, under each key of a well-known data type, only that type's
