@@ -22,16 +22,13 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use switchyard::pipeline::{build, load_registry, Prompt, Request, Scheduler};
 use switchyard_plugin_api::Outcome;
-use switchyard_prefix_hashing::{hash_prompt_into, prompt_seed};
 
 #[path = "support/shape.rs"]
 mod shape;
-use shape::{fleet, load, prompt, window_ms, workspace_root, PROMPT_POOL};
-
-/// The allocator the `switchyard` binary runs with, so the host's allocations cost here what
-/// they cost there (plugin libraries keep their own).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+use shape::{
+    fleet, hash_floor, load, prompt, window_ms, workspace_root, FLOOR_BLOCK_TOKENS, MODEL,
+    PROMPT_POOL,
+};
 
 const PLUGIN_PACKAGES: &[&str] = &[
     "burst-prefix-cache-producer",
@@ -112,7 +109,7 @@ fn bench_config(
                                 };
                                 let request = Request {
                                     id: format!("r{next}-{sample}"),
-                                    model: "bench-model".to_string(),
+                                    model: MODEL.to_string(),
                                     cache_salt: String::new(),
                                     prompt: Prompt::Tokens(vec![tokens.clone()]),
                                     max_output_tokens: Some(256),
@@ -150,9 +147,6 @@ fn bench_config(
     group.finish();
 }
 
-/// Tokens per block of the floor: the block size the default pipeline hashes at.
-const FLOOR_BLOCK_TOKENS: usize = 64;
-
 /// Hashing alone, for the ratio of each decision to it.
 fn bench_floor(c: &mut Criterion) {
     let mut group = c.benchmark_group("decision/floor");
@@ -160,7 +154,6 @@ fn bench_floor(c: &mut Criterion) {
         .sample_size(20)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(2));
-    let seed = prompt_seed("bench-model", "");
     for &tokens in PROMPT_TOKENS {
         let pool: Vec<Vec<u32>> = (0..PROMPT_POOL).map(|k| prompt(k, tokens)).collect();
         let mut out = Vec::with_capacity(tokens / FLOOR_BLOCK_TOKENS);
@@ -168,15 +161,7 @@ fn bench_floor(c: &mut Criterion) {
         group.bench_function(format!("{}k_tokens", tokens / 1024), |b| {
             b.iter(|| {
                 next += 1;
-                out.clear();
-                let prompt = &pool[next % PROMPT_POOL];
-                hash_prompt_into(
-                    black_box(seed),
-                    prompt,
-                    FLOOR_BLOCK_TOKENS,
-                    usize::MAX,
-                    &mut out,
-                );
+                hash_floor(black_box(&pool[next % PROMPT_POOL]), &mut out);
                 black_box(&out);
             })
         });

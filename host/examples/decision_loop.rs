@@ -13,16 +13,10 @@ use std::sync::Arc;
 
 use switchyard::pipeline::{build, load_registry, Prompt, Request, Scheduler};
 use switchyard_plugin_api::Outcome;
-use switchyard_prefix_hashing::{hash_prompt_into, prompt_seed};
 
 #[path = "../benches/support/shape.rs"]
 mod shape;
-use shape::{fleet, load, prompt, window_ms, workspace_root, PROMPT_POOL};
-
-/// The allocator the `switchyard` binary runs with, so the host's allocations cost here what
-/// they cost there (plugin libraries keep their own).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+use shape::{fleet, hash_floor, load, prompt, window_ms, workspace_root, MODEL, PROMPT_POOL};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -44,15 +38,13 @@ fn main() {
     let mut now = 0.0f64;
     let mut placed = 0usize;
     let mut in_scheduler = std::time::Duration::ZERO;
-    // The floor, measured in the same iterations: the prompt's chained hashes in 64-token
-    // blocks, the hashing no decision can avoid.
-    let seed = prompt_seed("bench-model", "");
+    // The floor, measured in the same iterations.
     let mut hashes = Vec::new();
     let mut hashing = std::time::Duration::ZERO;
     for next in 1..=iterations {
         let request = Request {
             id: format!("r{next}"),
-            model: "bench-model".to_string(),
+            model: MODEL.to_string(),
             cache_salt: String::new(),
             prompt: Prompt::Tokens(vec![pool[next % PROMPT_POOL].clone()]),
             max_output_tokens: Some(256),
@@ -68,8 +60,7 @@ fn main() {
         let decided = std::time::Instant::now();
         in_scheduler += decided - started;
         // After the decision, so the floor, not the decision, finds the prompt in cache.
-        hashes.clear();
-        hash_prompt_into(seed, &pool[next % PROMPT_POOL], 64, usize::MAX, &mut hashes);
+        hash_floor(&pool[next % PROMPT_POOL], &mut hashes);
         std::hint::black_box(&hashes);
         hashing += decided.elapsed();
         now += 1.0;

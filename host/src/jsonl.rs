@@ -59,24 +59,30 @@ impl<R: std::io::BufRead> Iterator for ContentLines<R> {
             match read {
                 Ok(0) => self.done = true,
                 Ok(_) => {
-                    let mut raw = self.buffer.as_slice();
-                    if line == 1 {
-                        raw = raw.strip_prefix(BYTE_ORDER_MARK).unwrap_or(raw);
+                    // The line becomes the returned string in place, without a copy.
+                    let mut bytes = std::mem::take(&mut self.buffer);
+                    if bytes.ends_with(b"\n") {
+                        bytes.pop();
                     }
-                    raw = raw.strip_suffix(b"\n").unwrap_or(raw);
-                    raw = raw.strip_suffix(b"\r").unwrap_or(raw);
-                    match std::str::from_utf8(raw) {
+                    if bytes.ends_with(b"\r") {
+                        bytes.pop();
+                    }
+                    if line == 1 && bytes.starts_with(BYTE_ORDER_MARK) {
+                        bytes.drain(..BYTE_ORDER_MARK.len());
+                    }
+                    match String::from_utf8(bytes) {
                         Ok(text) => {
                             let trimmed = text.trim_start();
                             if !trimmed.is_empty() && !trimmed.starts_with('#') {
-                                return Some(Ok((line, text.to_string())));
+                                return Some(Ok((line, text)));
                             }
+                            self.buffer = text.into_bytes();
                         }
                         Err(e) => {
                             self.done = true;
                             return fail(format!(
                                 "not valid UTF-8 (at byte {} of the line); save the file as UTF-8",
-                                e.valid_up_to() + 1
+                                e.utf8_error().valid_up_to() + 1
                             ));
                         }
                     }
@@ -94,6 +100,10 @@ impl<R: std::io::BufRead> Iterator for ContentLines<R> {
 /// Parses one line as `T`; the message names the field it concerns (when it concerns one)
 /// and the column, not serde_json's "line 1".
 pub fn parse_line<T: serde::de::DeserializeOwned>(line: usize, text: &str) -> Result<T, LineError> {
+    // Most lines parse; only a refused one is parsed again, tracking the path to name its field.
+    if let Ok(value) = serde_json::from_str(text) {
+        return Ok(value);
+    }
     let mut deserializer = serde_json::Deserializer::from_str(text);
     let (field, error) = match serde_path_to_error::deserialize(&mut deserializer) {
         Ok(value) => match deserializer.end() {

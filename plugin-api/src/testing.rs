@@ -121,6 +121,18 @@ impl TestEndpoint {
     }
 }
 
+/// A small deterministic generator (xorshift) of numbers below the bound it is called with,
+/// for random test cases that reproduce from their seed (which must not be 0).
+pub fn numbers(seed: u64) -> impl FnMut(u64) -> u64 {
+    let mut state = seed;
+    move |bound| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % bound
+    }
+}
+
 /// Views of `endpoints` as one request's candidates, slots in order.
 pub fn endpoint_views(endpoints: &[TestEndpoint]) -> Vec<EndpointView<'_>> {
     endpoints

@@ -1,12 +1,30 @@
 //! The inputs of the `decision` bench, shared with `examples/decision_loop.rs` so a profile
-//! of the loop measures the same work: the fleet, the prompt pool, reading a config, and the
-//! longest batching window.
+//! of the loop measures the same work: the allocator, the fleet, the prompt pool, the model,
+//! reading a config, the longest batching window, and the hashing floor.
 
 use std::path::{Path, PathBuf};
 
 use switchyard::config::LoadedConfig;
 use switchyard::pipeline::{Endpoint, Fleet, Options, Scheduler};
 use switchyard_plugin_api::EndpointMetrics;
+
+/// The allocator the `switchyard` binary runs with, so the host's allocations cost here what
+/// they cost there (plugin libraries keep their own).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The model every request names.
+pub const MODEL: &str = "bench-model";
+
+/// Tokens per block of the floor: the block size the default pipeline's producers hash at.
+pub const FLOOR_BLOCK_TOKENS: usize = 64;
+
+/// The floor: `prompt`'s chained block hashes, the hashing no decision can avoid, into `out`.
+pub fn hash_floor(prompt: &[u32], out: &mut Vec<u64>) {
+    out.clear();
+    let seed = switchyard_prefix_hashing::prompt_seed(MODEL, "");
+    switchyard_prefix_hashing::hash_prompt_into(seed, prompt, FLOOR_BLOCK_TOKENS, usize::MAX, out);
+}
 
 /// Distinct prompts the requests rotate over.
 pub const PROMPT_POOL: usize = 8;

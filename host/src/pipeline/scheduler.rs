@@ -15,7 +15,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rand::rngs::SmallRng;
 use rand::{RngCore, SeedableRng};
@@ -33,7 +33,6 @@ use super::request::{Endpoint, Fleet, Request};
 use super::tokenize::{prompt_buffers, PromptBuffer};
 use super::wiring::Pipeline;
 use crate::plugins::crash_note;
-use crate::plugins::registry::Source;
 
 /// Consecutive panics after which an instance is switched off for the life of the process.
 pub const POISON_AFTER_PANICS: u32 = 3;
@@ -692,10 +691,10 @@ impl Scheduler {
         let produced = plugin.produced_rows.len();
         let explain = self.explain;
 
-        // A library's produce call is timed every time, against its budget; the host's own
-        // producers only on sampled decisions, for the latency counters.
-        let budgeted = plugin.source != Source::Builtin;
-        let started = (budgeted || self.sampled()).then(Instant::now);
+        // A call with a budget is timed every time; the host's own producers only on sampled
+        // decisions, for the latency counters.
+        let budget_ms = plugin.budget_ms();
+        let started = (budget_ms.is_some() || self.sampled()).then(Instant::now);
         let result = {
             let mut offset = 0u32;
             let consumed = plugin.consumed_rows.as_slice();
@@ -716,23 +715,19 @@ impl Scheduler {
             let _call = crash_note::enter(&plugin.call_label, Entry::Produce.name());
             plugin.object.produce(items, out)
         };
-        let elapsed_ms = started.map_or(0.0, |started| {
-            let elapsed = started.elapsed();
-            self.stats[plugin_index].timed_calls += 1;
-            self.stats[plugin_index].timed_nanos += elapsed.as_nanos() as u64;
-            elapsed.as_secs_f64() * 1000.0
-        });
-        let result = match result {
-            Ok(()) if budgeted && elapsed_ms > plugin.timeout_ms() as f64 => {
+        let elapsed_ms = self
+            .timed(plugin_index, started)
+            .map_or(0.0, |elapsed| elapsed.as_secs_f64() * 1000.0);
+        let result = match (result, budget_ms) {
+            (Ok(()), Some(budget)) if elapsed_ms > budget as f64 => {
                 self.stats[plugin_index].timeouts += 1;
                 Err(PluginError::failed(format!(
-                    "timed out: the call took {elapsed_ms:.0} ms, over its {} ms budget; its \
-                     output was discarded",
-                    plugin.timeout_ms()
+                    "timed out: the call took {elapsed_ms:.0} ms, over its {budget} ms budget; \
+                     its output was discarded"
                 )))
             }
-            Ok(()) => check_produced(plugin, tickets, &self.scratch.produced, &pipeline.rows),
-            other => other,
+            (Ok(()), _) => check_produced(plugin, tickets, &self.scratch.produced, &pipeline.rows),
+            (other, _) => other,
         };
         self.account(plugin_index, Entry::Produce, &result);
         let error = result.err().map(|e| e.message.to_string());
@@ -826,13 +821,13 @@ impl Scheduler {
         self.decisions & (TIMING_SAMPLE - 1) == 0
     }
 
-    /// Adds a timed call's duration to its plugin's counters.
-    fn timed(&mut self, plugin: usize, started: Option<Instant>) {
-        if let Some(started) = started {
-            let stats = &mut self.stats[plugin];
-            stats.timed_calls += 1;
-            stats.timed_nanos += started.elapsed().as_nanos() as u64;
-        }
+    /// Adds a timed call's duration to its plugin's counters and returns it.
+    fn timed(&mut self, plugin: usize, started: Option<Instant>) -> Option<Duration> {
+        let elapsed = started?.elapsed();
+        let stats = &mut self.stats[plugin];
+        stats.timed_calls += 1;
+        stats.timed_nanos += elapsed.as_nanos() as u64;
+        Some(elapsed)
     }
 
     fn decide(&mut self, pipeline: &Pipeline, ticket: Ticket, now_ms: f64) -> Decision {
@@ -1158,14 +1153,22 @@ fn move_outputs(
     tickets: &mut [Ticket],
     outputs: &mut Vec<AttrValue>,
 ) {
-    let len = outputs.len();
+    let produced = plugin.produced_rows.len();
+    let expected: usize = tickets
+        .iter()
+        .map(|t| produced * t.request.fleet.len())
+        .sum();
+    assert_eq!(
+        outputs.len(),
+        expected,
+        "the items' outputs tile the call's buffer"
+    );
     let source = outputs.as_ptr();
     // SAFETY: from here on the loop below owns the buffer's values and reads each exactly once
-    // (the items' outputs tile the buffer); should it stop early, the rest leak, and none is
-    // dropped twice. The buffer is not touched again before the loop ends, so `source` stays
-    // valid.
+    // (the items' outputs tile the buffer, as just checked); should it stop early, the rest
+    // leak, and none is dropped twice. The buffer is not touched again before the loop ends,
+    // so `source` stays valid.
     unsafe { outputs.set_len(0) };
-    let produced = plugin.produced_rows.len();
     let mut offset = 0usize;
     for ticket in tickets.iter_mut() {
         let n = ticket.request.fleet.len();
@@ -1176,11 +1179,7 @@ fn move_outputs(
             .enumerate()
         {
             let target = &mut ticket.store[row as usize * n..][..n];
-            assert!(
-                offset + (k + 1) * n <= len,
-                "outputs past the call's buffer"
-            );
-            // SAFETY: in bounds (asserted), and the buffer's values from here are unread.
+            // SAFETY: in bounds (the tiling), and the buffer's values from here are unread.
             let from = unsafe { source.add(offset + k * n) };
             if *check == super::wiring::ValueCheck::Any {
                 for (i, slot) in target.iter_mut().enumerate() {
@@ -1196,7 +1195,6 @@ fn move_outputs(
         }
         offset += produced * n;
     }
-    debug_assert_eq!(offset, len);
 }
 
 /// A producer's output holds, under each key of a well-known data type, only that type's

@@ -110,11 +110,14 @@ pub fn variant_name(value: &AttrValue) -> &'static str {
 }
 
 impl WiredPlugin {
-    pub fn timeout_ms(&self) -> u64 {
-        match self.declarations.timeout_ms {
+    /// The time budget of one produce call: the declared one, or the default; `None` for the
+    /// host's built-in producers, which are host code and not held to one.
+    pub fn budget_ms(&self) -> Option<u64> {
+        let declared = match self.declarations.timeout_ms {
             0 => DEFAULT_PRODUCER_TIMEOUT_MS,
             ms => ms,
-        }
+        };
+        (self.source != Source::Builtin).then_some(declared)
     }
 
     pub fn label(&self) -> String {

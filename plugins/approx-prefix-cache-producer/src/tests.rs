@@ -249,13 +249,7 @@ fn hash_afresh(
 
 #[test]
 fn a_remembered_hashing_is_reused_only_for_the_same_request_and_parameters() {
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = |bound: u64| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % bound
-    };
+    let mut next = switchyard_plugin_api::testing::numbers(0x9e37_79b9_7f4a_7c15);
     for parameters in [
         // Block sizes are at least 64 tokens.
         r#"{"autoTune": false}"#,

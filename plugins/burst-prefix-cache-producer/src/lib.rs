@@ -180,8 +180,9 @@ impl Producer for BurstProducer {
         items: &[ProduceItem<'_>],
         out: &mut ProduceBatch<'_>,
     ) -> Result<(), PluginError> {
+        let fair_share = self.config.assignment() == Assignment::FairShare;
         if let [item] = items {
-            if self.config.assignment() == Assignment::FairShare {
+            if fair_share {
                 let count = self.block_count_of(item);
                 let target = self.place_alone(item, count);
                 put_matches(item, count, target, self.config.block_size(), out);
@@ -193,15 +194,16 @@ impl Producer for BurstProducer {
 
         // Every item's block count, known without hashing.
         let counts: Vec<usize> = items.iter().map(|item| self.block_count_of(item)).collect();
-        // With `minColocateBlocks = 0` only identical hash lists are placed together, and
-        // lists of different lengths never are: a request whose block count no other request
-        // of the batch shares gets no affinity whatever its hashes, and takes no part in
-        // placing the others (`assign` leaves lone requests out). Such requests are not
-        // hashed; their entry stays empty, which `assign` also answers with no affinity.
-        let needs_hashing: Vec<bool> = if self.config.colocate_blocks() > 0 {
-            counts.iter().map(|&count| count > 0).collect()
-        } else if items.len() == 1 {
+        // A request alone in its batch has no one to be placed with, whatever its hashes. With
+        // `minColocateBlocks = 0` only identical hash lists are placed together, and lists of
+        // different lengths never are: a request whose block count no other request of the
+        // batch shares gets no affinity either, and takes no part in placing the others
+        // (`assign` leaves lone requests out). Such requests are not hashed; their entry stays
+        // empty, which `assign` also answers with no affinity.
+        let needs_hashing: Vec<bool> = if items.len() == 1 {
             vec![false]
+        } else if self.config.colocate_blocks() > 0 {
+            counts.iter().map(|&count| count > 0).collect()
         } else {
             let mut sorted = counts.clone();
             sorted.sort_unstable();
@@ -242,7 +244,7 @@ impl Producer for BurstProducer {
             }
             ends.push(hashes.len());
         }
-        let mut entries: Vec<&[u64]> = ends
+        let entries: Vec<&[u64]> = ends
             .iter()
             .scan(0, |start, &end| {
                 let entry = &hashes[*start..end];
@@ -253,7 +255,6 @@ impl Producer for BurstProducer {
         // Lone requests some candidate already caches in part are the cache-aware scorers'
         // business: co-locating them here would gain nothing and would pull them away.
         // (The reference placement already gives lone requests no affinity.)
-        let fair_share = self.config.assignment() == Assignment::FairShare;
         let mut placed_counts = std::borrow::Cow::Borrowed(&counts);
         if fair_share && self.config.cached_match_producer().is_some() {
             let cached: Vec<bool> = items.iter().map(cached_somewhere).collect();
@@ -262,7 +263,7 @@ impl Producer for BurstProducer {
                 let lone = lone_requests(&entries, &counts, self.config.colocate_blocks());
                 for (i, (&lone, &cached)) in lone.iter().zip(&cached).enumerate() {
                     if lone && cached {
-                        entries[i] = &[];
+                        // Without blocks to place, the fair share leaves it out.
                         placed_counts.to_mut()[i] = 0;
                     }
                 }

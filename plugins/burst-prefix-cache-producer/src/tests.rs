@@ -5,25 +5,13 @@
 use switchyard_plugin_api::keys::{
     IN_FLIGHT_LOAD, PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER,
 };
-use switchyard_plugin_api::testing::{Attributes, Harness, TestEndpoint, TestRequest};
+use switchyard_plugin_api::testing::{numbers, Attributes, Harness, TestEndpoint, TestRequest};
 use switchyard_plugin_api::{AttrValue, BatchPolicy, ConsumedKey, DataKey, ErrorKind, PluginError};
 
 use super::*;
 
 /// Every endpoint the tests know; an endpoint's host index is its position here.
 const PODS: [&str; 4] = ["/pod1", "/pod2", "/pod3", "/pod4"];
-
-/// A small deterministic generator (xorshift) of numbers below a bound, so a failing random
-/// case is reproducible.
-pub(crate) fn numbers(seed: u64) -> impl FnMut(u64) -> u64 {
-    let mut state = seed;
-    move |bound| {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state % bound
-    }
-}
 
 fn instance(parameters: &str) -> Harness {
     match Harness::named(&FACTORY, "burst", parameters) {

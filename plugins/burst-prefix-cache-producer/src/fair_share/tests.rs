@@ -188,7 +188,7 @@ fn balancing_by_tokens_never_piles_overflow_onto_one_replica() {
 
 #[test]
 fn random_shapes_stay_within_the_share_and_the_placement_bound() {
-    let mut next = crate::tests::numbers(0x9e37_79b9_7f4a_7c15);
+    let mut next = switchyard_plugin_api::testing::numbers(0x9e37_79b9_7f4a_7c15);
     for case in 0..500 {
         let p = 1 + next(40) as usize;
         let replicas = 1 + next(16) as usize;
