@@ -473,8 +473,16 @@ pub fn replay_file(config: &Path, input: &Path) -> std::collections::BTreeMap<St
     let fleet = replay::fleet_from_config(&loaded.config.endpoints);
     replay::check_input(&lines, &fleet).expect("input fits the fleet");
     let mut scheduler = Scheduler::new(std::sync::Arc::new(pipeline), fleet, 0);
+    replay_placements(&mut scheduler, &lines)
+}
+
+/// Request id → first endpoint of its decision, as `replay` places `lines` with `scheduler`.
+pub fn replay_placements(
+    scheduler: &mut switchyard::pipeline::Scheduler,
+    lines: &[switchyard::replay::ReplayLine],
+) -> std::collections::BTreeMap<String, String> {
     let mut out = Vec::new();
-    replay::run(&mut scheduler, &lines, false, &mut out).expect("replay runs");
+    switchyard::replay::run(scheduler, lines, false, &mut out).expect("replay runs");
     String::from_utf8(out)
         .expect("utf-8")
         .lines()

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use switchyard::pipeline::{build, load_registry, Scheduler};
 use switchyard::sim::{self, Decision, ReplicaState, SimFleet, SimRequest, SimRouter, Workload};
 use switchyard::simulate::{pipeline_router, sim_fleet, PipelineRouter};
+use switchyard_tests::live::replay_placements;
 use switchyard_tests::{config, options, workspace_root};
 
 /// Passes everything to the pipeline and keeps a copy of its decisions.
@@ -82,17 +83,11 @@ fn replayed(requests: &[SimRequest], fleet: &SimFleet) -> BTreeMap<u64, usize> {
         })
         .collect();
     let input = switchyard::replay::read_input(lines.as_bytes()).unwrap();
-    let mut out = Vec::new();
-    switchyard::replay::run(&mut scheduler, &input, false, &mut out).unwrap();
-    String::from_utf8(out)
-        .unwrap()
-        .lines()
-        .map(|line| {
-            let value: serde_json::Value = serde_json::from_str(line).unwrap();
-            let id: u64 = value["id"].as_str().unwrap().parse().unwrap();
-            let endpoint = value["endpoints"][0].as_str().expect("placed");
-            let replica = endpoint.strip_prefix("/replica-").unwrap().parse().unwrap();
-            (id, replica)
+    replay_placements(&mut scheduler, &input)
+        .into_iter()
+        .map(|(id, endpoint)| {
+            let replica = endpoint.strip_prefix("/replica-").expect("placed");
+            (id.parse().unwrap(), replica.parse().unwrap())
         })
         .collect()
 }
