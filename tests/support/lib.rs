@@ -129,8 +129,13 @@ pub fn config(name: &str, toml: &str) -> LoadedConfig {
 }
 
 pub fn try_config(name: &str, toml: &str) -> Result<LoadedConfig, switchyard::config::ConfigError> {
-    let path = workspace_root().join(format!("tests/generated/{name}.toml"));
-    LoadedConfig::parse(&path, toml.to_string())
+    LoadedConfig::parse(&generated_path(name), toml.to_string())
+}
+
+/// The file TOML text named `name` is taken to come from (it is never written), as messages
+/// cite it.
+pub fn generated_path(name: &str) -> PathBuf {
+    workspace_root().join(format!("tests/generated/{name}.toml"))
 }
 
 /// Wires a pipeline from TOML text, or returns the error text.

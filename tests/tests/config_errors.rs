@@ -5,16 +5,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use switchyard_tests::{endpoints, try_pipeline, workspace_root};
+use switchyard_tests::{endpoints, generated_path, try_pipeline};
 
 const LIBRARIES: &str = "allow_experimental_plugins = true\nlibraries = [\"burst_prefix_cache_producer\", \
      \"prefix_cache_affinity_filter\", \"prefix_cache_scorer\", \"approx_prefix_cache_producer\"]\n";
 
 fn path_of(name: &str) -> String {
-    workspace_root()
-        .join(format!("tests/generated/{name}.toml"))
-        .display()
-        .to_string()
+    generated_path(name).display().to_string()
 }
 
 /// 1-based line of the first line of `toml` that starts with `needle`.

@@ -6,7 +6,7 @@
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use proptest::prelude::*;
-use switchyard_tests::{try_pipeline, workspace_root};
+use switchyard_tests::{generated_path, try_pipeline};
 
 const NAME: &str = "properties";
 
@@ -182,7 +182,7 @@ fn check(text: &str) -> Result<(), String> {
 
 /// The line a refusal names, when it starts with `file:line:`.
 fn cited_line(message: &str) -> Option<usize> {
-    let file = workspace_root().join(format!("tests/generated/{NAME}.toml"));
+    let file = generated_path(NAME);
     let rest = message.strip_prefix(&format!("{}:", file.display()))?;
     rest.split_once(':')?.0.parse().ok()
 }
