@@ -452,7 +452,6 @@ impl StepReplica {
             return None;
         }
         let in_use = self.pool.in_use() as u64;
-        debug_assert!(in_use as usize <= self.pool.capacity());
         self.totals.peak_blocks = self.totals.peak_blocks.max(in_use);
         self.totals.steps += 1;
         self.totals.step_tokens += batch.prefill + batch.decode;
@@ -467,21 +466,13 @@ impl StepReplica {
     }
 
     /// Checks the model's conservation laws once every request has finished: tokens computed
-    /// by steps equal tokens computed by sequences, every block is back in the pool, and the
-    /// pool never held more than it has.
+    /// by steps equal tokens computed by sequences, and every block is back in the pool.
     pub fn check_drained(&self) -> Result<(), String> {
         let t = &self.totals;
         if t.step_tokens != t.admission_tokens {
             return Err(format!(
                 "steps computed {} tokens, sequences {}",
                 t.step_tokens, t.admission_tokens
-            ));
-        }
-        if t.peak_blocks as usize > self.pool.capacity() {
-            return Err(format!(
-                "{} blocks held at once, over the pool's {}",
-                t.peak_blocks,
-                self.pool.capacity()
             ));
         }
         let live = self.seqs.iter().filter(|s| s.job.is_some()).count();
