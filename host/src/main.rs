@@ -559,52 +559,49 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
         .min(routers.len())
         .min(usize::try_from(memory_limit / per_run).unwrap_or(usize::MAX))
         .max(1);
-    let mut reports = Vec::with_capacity(routers.len());
-    if workers == 1 {
-        for router in &mut routers {
-            let name = router.name().to_string();
-            let mut progress = |done: usize, total: usize| {
-                if show_progress && total > 0 {
-                    let filled = done * 30 / total;
-                    eprint!(
-                        "\r{name:<22} [{}{}] {done}/{total}",
-                        "#".repeat(filled),
-                        ".".repeat(30 - filled)
-                    );
-                    if done == total {
-                        eprintln!();
+    // One run at a time draws a progress bar; runs side by side each say when they are done.
+    let queue: Vec<std::sync::Mutex<&mut Box<dyn SimRouter + Send>>> =
+        routers.iter_mut().map(std::sync::Mutex::new).collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done = std::sync::Mutex::new(vec![None; queue.len()]);
+    std::thread::scope(|scope| {
+        for _ in 0..workers {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(cell) = queue.get(i) else {
+                    break;
+                };
+                let mut router = cell.lock().unwrap_or_else(|e| e.into_inner());
+                let name = router.name().to_string();
+                let mut progress = |finished: usize, total: usize| {
+                    if !show_progress || total == 0 {
+                        return;
                     }
-                }
-            };
-            reports.push(run_one(router.as_mut(), &mut progress));
-        }
-    } else {
-        let queue: Vec<std::sync::Mutex<&mut Box<dyn SimRouter + Send>>> =
-            routers.iter_mut().map(std::sync::Mutex::new).collect();
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let done = std::sync::Mutex::new(vec![None; queue.len()]);
-        std::thread::scope(|scope| {
-            for _ in 0..workers {
-                scope.spawn(|| loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(cell) = queue.get(i) else {
-                        break;
-                    };
-                    let mut router = cell.lock().unwrap_or_else(|e| e.into_inner());
-                    let name = router.name().to_string();
-                    let mut progress = |finished: usize, total: usize| {
-                        if show_progress && total > 0 && finished == total {
-                            eprintln!("{name:<22} {finished}/{total} done");
+                    if workers == 1 {
+                        let filled = finished * 30 / total;
+                        eprint!(
+                            "\r{name:<22} [{}{}] {finished}/{total}",
+                            "#".repeat(filled),
+                            ".".repeat(30 - filled)
+                        );
+                        if finished == total {
+                            eprintln!();
                         }
-                    };
-                    let report = run_one(router.as_mut(), &mut progress);
-                    done.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(report);
-                });
-            }
-        });
-        let done = done.into_inner().unwrap_or_else(|e| e.into_inner());
-        reports.extend(done.into_iter().flatten());
-    }
+                    } else if finished == total {
+                        eprintln!("{name:<22} {finished}/{total} done");
+                    }
+                };
+                let report = run_one(router.as_mut(), &mut progress);
+                done.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(report);
+            });
+        }
+    });
+    let reports: Vec<_> = done
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .into_iter()
+        .flatten()
+        .collect();
     println!("{}", sim::render_table(&reports));
     println!("{}", sim::render_serving_table(&reports));
     if let Some(dir) = &args.output {

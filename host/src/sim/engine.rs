@@ -210,8 +210,6 @@ struct Sim<I: Iterator<Item = SimRequest>> {
     /// samples of a prompt add its blocks once, not once each.
     counted: HashMap<usize, usize>,
     replicas: Vec<SimReplica>,
-    /// Each replica as it is now.
-    truth: Vec<ReplicaState>,
     /// Each replica as the router sees it: metrics as of the last scrape, in-flight counts
     /// exact.
     view: Vec<ReplicaState>,
@@ -236,7 +234,7 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             .profiles()
             .map(|p| SimReplica::new(p, block_size))
             .collect();
-        let truth: Vec<ReplicaState> = replicas.iter().map(SimReplica::state).collect();
+        let view = replicas.iter().map(SimReplica::state).collect();
         Sim {
             incoming,
             total,
@@ -248,8 +246,7 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             sweep_at: 64,
             counted: HashMap::new(),
             replicas,
-            view: truth.clone(),
-            truth,
+            view,
             scrape_interval_ms: fleet.scrape_interval_ms,
             next_scrape_ms: 0.0,
             objectives: (fleet.ttft_objective_ms, fleet.tpot_objective_ms),
@@ -382,8 +379,8 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
     /// replicas have not changed since the last event, so they are as they were at the scrape.
     fn scrape(&mut self, at: f64) {
         if self.scrape_interval_ms > 0.0 && at >= self.next_scrape_ms {
-            for (view, truth) in self.view.iter_mut().zip(&self.truth) {
-                *view = *truth;
+            for (view, replica) in self.view.iter_mut().zip(&self.replicas) {
+                *view = replica.state();
             }
             let interval = self.scrape_interval_ms;
             self.next_scrape_ms = ((at / interval).floor() + 1.0) * interval;
@@ -583,11 +580,10 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
         self.refresh(r);
     }
 
-    /// Replica `r` changed: its truth is refreshed, and so is the router's view of it —
-    /// wholly when metrics are fresh at every event, only its in-flight count otherwise.
+    /// Replica `r` changed: the router's view of it is refreshed — wholly when metrics are
+    /// fresh at every event, only its in-flight count otherwise.
     fn refresh(&mut self, r: usize) {
         let state = self.replicas[r].state();
-        self.truth[r] = state;
         if self.scrape_interval_ms > 0.0 {
             self.view[r].in_flight_tokens = state.in_flight_tokens;
             self.view[r].in_flight = state.in_flight;

@@ -298,7 +298,7 @@ fn default_profile(name: &str) -> Option<Profile> {
     if name == FIXED_RATE {
         return Some(Profile::FixedRate(FleetConfig::default()));
     }
-    preset(name).map(|p| Profile::Engine(p.params()))
+    preset(name).map(|p| Profile::Engine(p.params.clone()))
 }
 
 fn integer<T: TryFrom<i64>>(key: &str, value: &toml::Value) -> Result<T, String> {

@@ -1,5 +1,6 @@
 //! A replica's prefix cache: a fixed-capacity LRU set of chained block hashes.
 
+use super::index_list::IndexList;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
@@ -25,27 +26,15 @@ impl Hasher for PassThroughHasher {
 
 pub(crate) type HashBuild = BuildHasherDefault<PassThroughHasher>;
 
-const NIL: u32 = u32::MAX;
-
-#[derive(Debug, Clone, Copy)]
-struct Node {
-    hash: u64,
-    /// Towards the least recently used end.
-    older: u32,
-    /// Towards the most recently used end.
-    newer: u32,
-}
-
 /// LRU set of block hashes with O(1) lookup, touch and insert.
 #[derive(Debug)]
 pub struct BlockCache {
     capacity: usize,
     slots: HashMap<u64, u32, HashBuild>,
-    nodes: Vec<Node>,
-    /// Least recently used node.
-    oldest: u32,
-    /// Most recently used node.
-    newest: u32,
+    /// The hash in each slot.
+    hashes: Vec<u64>,
+    /// Every slot, least recently used first.
+    lru: IndexList,
     evictions: u64,
 }
 
@@ -55,19 +44,18 @@ impl BlockCache {
         BlockCache {
             capacity: capacity.max(1),
             slots: HashMap::default(),
-            nodes: Vec::new(),
-            oldest: NIL,
-            newest: NIL,
+            hashes: Vec::new(),
+            lru: IndexList::with_ids(0),
             evictions: 0,
         }
     }
 
     pub fn len(&self) -> usize {
-        self.nodes.len()
+        self.hashes.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
+        self.hashes.is_empty()
     }
 
     /// Blocks dropped to make room so far.
@@ -88,8 +76,8 @@ impl BlockCache {
     pub fn touch(&mut self, hash: u64) -> bool {
         match self.slots.get(&hash) {
             Some(&slot) => {
-                self.unlink(slot);
-                self.push_newest(slot);
+                self.lru.unlink(slot);
+                self.lru.push_back(slot);
                 true
             }
             None => false,
@@ -110,49 +98,19 @@ impl BlockCache {
         if self.touch(hash) {
             return;
         }
-        let slot = if self.nodes.len() < self.capacity {
-            self.nodes.push(Node {
-                hash,
-                older: NIL,
-                newer: NIL,
-            });
-            (self.nodes.len() - 1) as u32
+        let slot = if self.hashes.len() < self.capacity {
+            self.hashes.push(hash);
+            (self.hashes.len() - 1) as u32
         } else {
-            let victim = self.oldest;
+            let victim = self.lru.front().expect("a full cache lists its slots");
             self.evictions += 1;
-            self.unlink(victim);
-            self.slots.remove(&self.nodes[victim as usize].hash);
-            self.nodes[victim as usize].hash = hash;
+            self.lru.unlink(victim);
+            self.slots.remove(&self.hashes[victim as usize]);
+            self.hashes[victim as usize] = hash;
             victim
         };
         self.slots.insert(hash, slot);
-        self.push_newest(slot);
-    }
-
-    fn unlink(&mut self, slot: u32) {
-        let Node { older, newer, .. } = self.nodes[slot as usize];
-        if older == NIL {
-            self.oldest = newer;
-        } else {
-            self.nodes[older as usize].newer = newer;
-        }
-        if newer == NIL {
-            self.newest = older;
-        } else {
-            self.nodes[newer as usize].older = older;
-        }
-    }
-
-    fn push_newest(&mut self, slot: u32) {
-        let node = &mut self.nodes[slot as usize];
-        node.older = self.newest;
-        node.newer = NIL;
-        if self.newest == NIL {
-            self.oldest = slot;
-        } else {
-            self.nodes[self.newest as usize].newer = slot;
-        }
-        self.newest = slot;
+        self.lru.push_back(slot);
     }
 }
 

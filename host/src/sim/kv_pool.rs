@@ -4,10 +4,9 @@
 //! first (most recently freed first, as they are warm); then cached blocks, least recently
 //! freed first, so cached content is evicted in LRU order and only when nothing else is free.
 
+use super::index_list::IndexList;
 use super::kv_cache::HashBuild;
 use std::collections::HashMap;
-
-const NIL: u32 = u32::MAX;
 
 #[derive(Debug, Clone, Copy)]
 struct Block {
@@ -15,10 +14,6 @@ struct Block {
     hash: u64,
     hashed: bool,
     refs: u32,
-    /// Links of the list of free cached blocks (towards the next one to evict / the most
-    /// recently freed).
-    prev: u32,
-    next: u32,
 }
 
 /// A fixed pool of KV blocks with prefix caching.
@@ -27,12 +22,8 @@ pub struct BlockPool {
     blocks: Vec<Block>,
     /// Free blocks with nothing findable in them, handed out last in, first out.
     empty: Vec<u32>,
-    /// Least recently freed cached block: the next to evict.
-    head: u32,
-    /// Most recently freed cached block.
-    tail: u32,
-    /// Free cached blocks (the list from `head` to `tail`).
-    listed: usize,
+    /// Free cached blocks, least recently freed (the next to evict) first.
+    lru: IndexList,
     cached: HashMap<u64, u32, HashBuild>,
     /// Cached blocks whose content was dropped to hand the block out again.
     evictions: u64,
@@ -47,8 +38,6 @@ impl BlockPool {
                 hash: 0,
                 hashed: false,
                 refs: 0,
-                prev: NIL,
-                next: NIL,
             };
             n
         ];
@@ -56,9 +45,7 @@ impl BlockPool {
             blocks,
             // Block 0 is handed out first.
             empty: (0..n as u32).rev().collect(),
-            head: NIL,
-            tail: NIL,
-            listed: 0,
+            lru: IndexList::with_ids(n),
             cached: HashMap::with_capacity_and_hasher(n, HashBuild::default()),
             evictions: 0,
         }
@@ -75,7 +62,7 @@ impl BlockPool {
 
     /// Blocks that can be handed out (free, cached or not).
     pub fn free(&self) -> usize {
-        self.empty.len() + self.listed
+        self.empty.len() + self.lru.len()
     }
 
     pub fn evictions(&self) -> u64 {
@@ -100,7 +87,7 @@ impl BlockPool {
     /// Takes a reference to the cached block `id` (from [`BlockPool::lookup`]).
     pub fn acquire(&mut self, id: u32) {
         if self.blocks[id as usize].refs == 0 {
-            self.unlink(id);
+            self.lru.unlink(id);
         }
         self.blocks[id as usize].refs += 1;
     }
@@ -112,11 +99,8 @@ impl BlockPool {
             self.blocks[id as usize].refs = 1;
             return Some(id);
         }
-        let id = self.head;
-        if id == NIL {
-            return None;
-        }
-        self.unlink(id);
+        let id = self.lru.front()?;
+        self.lru.unlink(id);
         let block = &mut self.blocks[id as usize];
         block.refs = 1;
         if block.hashed {
@@ -149,40 +133,11 @@ impl BlockPool {
         block.refs = block.refs.saturating_sub(1);
         if block.refs == 0 {
             if block.hashed {
-                self.push_tail(id);
+                self.lru.push_back(id);
             } else {
                 self.empty.push(id);
             }
         }
-    }
-
-    fn unlink(&mut self, id: u32) {
-        let Block { prev, next, .. } = self.blocks[id as usize];
-        if prev == NIL {
-            self.head = next;
-        } else {
-            self.blocks[prev as usize].next = next;
-        }
-        if next == NIL {
-            self.tail = prev;
-        } else {
-            self.blocks[next as usize].prev = prev;
-        }
-        self.listed -= 1;
-    }
-
-    fn push_tail(&mut self, id: u32) {
-        let tail = self.tail;
-        let block = &mut self.blocks[id as usize];
-        block.prev = tail;
-        block.next = NIL;
-        if tail == NIL {
-            self.head = id;
-        } else {
-            self.blocks[tail as usize].next = id;
-        }
-        self.tail = id;
-        self.listed += 1;
     }
 }
 

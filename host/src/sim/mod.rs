@@ -8,6 +8,7 @@
 pub mod config;
 pub mod engine;
 pub mod fleet;
+mod index_list;
 pub mod kv_cache;
 pub mod kv_pool;
 pub mod profile;

@@ -107,31 +107,11 @@ impl EngineParams {
 }
 
 /// A named preset: a model on a GPU setup, with the engine defaults it is served with.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Preset {
     pub name: &'static str,
     pub summary: &'static str,
-    kv_blocks: usize,
-    max_num_batched_tokens: u32,
-    max_num_seqs: u32,
-    step_overhead_ms: f64,
-    prefill_ms_per_token: f64,
-    decode_ms_per_sequence: f64,
-    context_ms_per_kilo_token: f64,
-}
-
-impl Preset {
-    pub fn params(&self) -> EngineParams {
-        EngineParams {
-            kv_blocks: self.kv_blocks,
-            max_num_batched_tokens: self.max_num_batched_tokens,
-            max_num_seqs: self.max_num_seqs,
-            step_overhead_ms: self.step_overhead_ms,
-            prefill_ms_per_token: self.prefill_ms_per_token,
-            decode_ms_per_sequence: self.decode_ms_per_sequence,
-            context_ms_per_kilo_token: self.context_ms_per_kilo_token,
-        }
-    }
+    pub params: EngineParams,
 }
 
 /// The name of the profile that keeps the fixed-rate replica model.
@@ -145,46 +125,54 @@ pub const PRESETS: [Preset; 4] = [
     Preset {
         name: "h100x2-qwen3-32b",
         summary: "Qwen3-32B BF16, tensor-parallel over 2 H100 80GB",
-        kv_blocks: 18_000,
-        max_num_batched_tokens: 8192,
-        max_num_seqs: 256,
-        step_overhead_ms: 11.0,
-        prefill_ms_per_token: 0.0628,
-        decode_ms_per_sequence: 0.04,
-        context_ms_per_kilo_token: 0.04,
+        params: EngineParams {
+            kv_blocks: 18_000,
+            max_num_batched_tokens: 8192,
+            max_num_seqs: 256,
+            step_overhead_ms: 11.0,
+            prefill_ms_per_token: 0.0628,
+            decode_ms_per_sequence: 0.04,
+            context_ms_per_kilo_token: 0.04,
+        },
     },
     Preset {
         name: "h100-llama3-8b",
         summary: "Llama-3.1-8B BF16 on one H100 80GB",
-        kv_blocks: 25_000,
-        max_num_batched_tokens: 8192,
-        max_num_seqs: 256,
-        step_overhead_ms: 6.0,
-        prefill_ms_per_token: 0.03,
-        decode_ms_per_sequence: 0.03,
-        context_ms_per_kilo_token: 0.04,
+        params: EngineParams {
+            kv_blocks: 25_000,
+            max_num_batched_tokens: 8192,
+            max_num_seqs: 256,
+            step_overhead_ms: 6.0,
+            prefill_ms_per_token: 0.03,
+            decode_ms_per_sequence: 0.03,
+            context_ms_per_kilo_token: 0.04,
+        },
     },
     Preset {
         name: "a100-llama3-8b",
         summary: "Llama-3.1-8B BF16 on one A100 40GB",
-        kv_blocks: 8_800,
-        max_num_batched_tokens: 8192,
-        max_num_seqs: 256,
-        step_overhead_ms: 12.5,
-        prefill_ms_per_token: 0.1,
-        decode_ms_per_sequence: 0.06,
-        context_ms_per_kilo_token: 0.08,
+        params: EngineParams {
+            kv_blocks: 8_800,
+            max_num_batched_tokens: 8192,
+            max_num_seqs: 256,
+            step_overhead_ms: 12.5,
+            prefill_ms_per_token: 0.1,
+            decode_ms_per_sequence: 0.06,
+            context_ms_per_kilo_token: 0.08,
+        },
     },
     Preset {
         name: "h100x4-llama3-70b",
         summary: "Llama-3.1-70B BF16, tensor-parallel over 4 H100 80GB",
-        kv_blocks: 26_000,
-        max_num_batched_tokens: 8192,
-        max_num_seqs: 256,
-        step_overhead_ms: 12.0,
-        prefill_ms_per_token: 0.09,
-        decode_ms_per_sequence: 0.05,
-        context_ms_per_kilo_token: 0.025,
+        params: EngineParams {
+            kv_blocks: 26_000,
+            max_num_batched_tokens: 8192,
+            max_num_seqs: 256,
+            step_overhead_ms: 12.0,
+            prefill_ms_per_token: 0.09,
+            decode_ms_per_sequence: 0.05,
+            context_ms_per_kilo_token: 0.025,
+        },
     },
 ];
 
@@ -207,7 +195,7 @@ mod tests {
     #[test]
     fn every_preset_validates_and_the_default_is_one() {
         for p in &PRESETS {
-            p.params().validate().unwrap();
+            p.params.validate().unwrap();
         }
         assert!(preset(DEFAULT_PROFILE).is_some());
         assert!(preset(FIXED_RATE).is_none());
@@ -230,7 +218,7 @@ mod tests {
 
     #[test]
     fn validation_names_the_field() {
-        let mut p = PRESETS[0].params();
+        let mut p = PRESETS[0].params.clone();
         p.max_num_seqs = 0;
         let err = p.validate().unwrap_err();
         assert_eq!(err.field, "maxNumSeqs");
