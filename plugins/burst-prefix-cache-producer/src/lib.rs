@@ -22,7 +22,7 @@ use switchyard_prefix_hashing::{block_count, hash_prompt_into, prompt_seed};
 
 use assign::{assign, Replica};
 use config::{Assignment, BurstConfig};
-use fair_share::assign_fair_share;
+use fair_share::{assign_continuing, assign_fair_share};
 
 /// Position of `PrefixCacheMatchInfo` in the declared produced keys.
 const PRODUCES_MATCH_INFO: usize = 0;
@@ -252,24 +252,6 @@ impl Producer for BurstProducer {
                 Some(entry)
             })
             .collect();
-        // Lone requests some candidate already caches in part are the cache-aware scorers'
-        // business: co-locating them here would gain nothing and would pull them away.
-        // (The reference placement already gives lone requests no affinity.)
-        let mut placed_counts = std::borrow::Cow::Borrowed(&counts);
-        if fair_share && self.config.cached_match_producer().is_some() {
-            let cached: Vec<bool> = items.iter().map(cached_somewhere).collect();
-            // A burst of fresh prompts, cached nowhere, skips the search for lone requests.
-            if cached.contains(&true) {
-                let lone = lone_requests(&entries, &counts, self.config.colocate_blocks());
-                for (i, (&lone, &cached)) in lone.iter().zip(&cached).enumerate() {
-                    if lone && cached {
-                        // Without blocks to place, the fair share leaves it out.
-                        placed_counts.to_mut()[i] = 0;
-                    }
-                }
-            }
-        }
-
         // The batch is spread over the candidates of its first request that has blocks.
         let first_with_blocks = items
             .iter()
@@ -277,14 +259,70 @@ impl Producer for BurstProducer {
             .find(|(_, &count)| count > 0)
             .map(|(item, _)| item);
         let spread_over = first_with_blocks.map_or(&[][..], |item| item.endpoints.as_slice());
+
+        // With cache estimates, a prompt some candidates already hold whole has a home there
+        // (the earlier requests of its burst, sent by earlier windows); a lone request cached
+        // only in part is the cache-aware scorers' business: co-locating it here would gain
+        // nothing and would pull it away. (The reference placement gives lone requests no
+        // affinity anyway.)
+        let mut placed_counts = std::borrow::Cow::Borrowed(&counts);
+        let mut home_list = Vec::new();
+        let mut home_ends = Vec::new();
+        if fair_share && self.config.cached_match_producer().is_some() {
+            let mut cached = vec![false; items.len()];
+            for (i, item) in items.iter().enumerate() {
+                if counts[i] > 0 {
+                    cached[i] = whole_prompt_homes(item, spread_over, &mut home_list);
+                }
+                home_ends.push(home_list.len());
+            }
+            // A burst of fresh prompts, cached nowhere, skips the search for lone requests.
+            if cached.contains(&true) {
+                let lone = lone_requests(&entries, &counts, self.config.colocate_blocks());
+                let mut start = 0;
+                for (i, (&lone, &cached)) in lone.iter().zip(&cached).enumerate() {
+                    let homed = home_ends[i] > start;
+                    start = home_ends[i];
+                    if lone && cached && !homed {
+                        // Without blocks to place, the fair share leaves it out.
+                        placed_counts.to_mut()[i] = 0;
+                    }
+                }
+            }
+        }
+        let homes: Vec<&[usize]> = if home_list.is_empty() {
+            Vec::new()
+        } else {
+            home_ends
+                .iter()
+                .scan(0, |start, &end| {
+                    let homes = &home_list[*start..end];
+                    *start = end;
+                    Some(homes)
+                })
+                .collect()
+        };
+
         let assigned = if fair_share && placed_counts.iter().any(|&count| count > 0) {
-            assign_fair_share(
-                &entries,
-                &placed_counts,
-                &self.replicas(spread_over, first_with_blocks),
-                self.config.colocate_blocks(),
-                self.config.balance(),
-            )
+            let replicas = self.replicas(spread_over, first_with_blocks);
+            if homes.is_empty() {
+                assign_fair_share(
+                    &entries,
+                    &placed_counts,
+                    &replicas,
+                    self.config.colocate_blocks(),
+                    self.config.balance(),
+                )
+            } else {
+                assign_continuing(
+                    &entries,
+                    &placed_counts,
+                    &replicas,
+                    &homes,
+                    self.config.colocate_blocks(),
+                    self.config.balance(),
+                )
+            }
         } else if !fair_share && needs_hashing.contains(&true) {
             let replicas = self.replicas(spread_over, first_with_blocks);
             assign(
@@ -323,14 +361,22 @@ impl BurstProducer {
     /// with no other request to group with, its hashes cannot change the placement, so they
     /// are not computed. Returns the chosen endpoint's host index.
     fn place_alone(&self, item: &ProduceItem<'_>, count: usize) -> Option<u32> {
-        if count == 0 || (self.config.cached_match_producer().is_some() && cached_somewhere(item)) {
+        if count == 0 {
+            return None;
+        }
+        let mut homes = Vec::new();
+        if self.config.cached_match_producer().is_some()
+            && whole_prompt_homes(item, &item.endpoints, &mut homes)
+            && homes.is_empty()
+        {
             return None;
         }
         let replicas = self.replicas(&item.endpoints, Some(item));
-        let placed = assign_fair_share(
+        let placed = assign_continuing(
             &[&[]],
             &[count],
             &replicas,
+            &[&homes],
             self.config.colocate_blocks(),
             self.config.balance(),
         );
@@ -395,14 +441,39 @@ fn put_matches(
     }
 }
 
-/// Whether the cache estimates give any candidate of `item` at least one block of its prompt.
-fn cached_somewhere(item: &ProduceItem<'_>) -> bool {
-    item.endpoints.iter().any(|endpoint| {
-        matches!(
-            item.attrs.get(CONSUMES_CACHED_MATCH, endpoint),
-            Some(AttrValue::PrefixCacheMatch(info)) if info.match_blocks > 0
-        )
-    })
+/// Appends to `homes` the positions in `spread_over` of the candidates whose cache estimate
+/// holds `item`'s whole prompt; returns whether the estimates give any candidate at least one
+/// block of it.
+fn whole_prompt_homes(
+    item: &ProduceItem<'_>,
+    spread_over: &[EndpointView<'_>],
+    homes: &mut Vec<usize>,
+) -> bool {
+    let same_candidates = std::ptr::eq(item.endpoints.as_slice(), spread_over);
+    let mut cached = false;
+    for (position, endpoint) in item.endpoints.iter().enumerate() {
+        let Some(AttrValue::PrefixCacheMatch(info)) =
+            item.attrs.get(CONSUMES_CACHED_MATCH, endpoint)
+        else {
+            continue;
+        };
+        if info.match_blocks == 0 {
+            continue;
+        }
+        cached = true;
+        if info.match_blocks < info.total_blocks {
+            continue;
+        }
+        let at = if same_candidates {
+            Some(position)
+        } else {
+            spread_over
+                .iter()
+                .position(|e| e.host_index == endpoint.host_index)
+        };
+        homes.extend(at);
+    }
+    cached
 }
 
 /// Which requests with blocks no other request of the batch would be co-located with: none

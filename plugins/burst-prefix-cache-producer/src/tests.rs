@@ -647,3 +647,68 @@ fn a_batch_of_one_is_placed_where_the_fair_share_line_puts_it() {
         }
     }
 }
+
+/// Attributes of one request: the cache estimate `approx` holds `cached[position]` of its two
+/// blocks on each candidate, and `in_flight[position]` requests are in flight to each.
+fn cached_and_in_flight(cached: &[u64], in_flight: &[i64]) -> Attributes {
+    Attributes::new()
+        .set(
+            DataKey::new(PREFIX_CACHE_MATCH_INFO, "approx"),
+            cached.iter().map(|&blocks| pmi(blocks, 2, 4)).collect(),
+        )
+        .set(
+            DataKey::new(IN_FLIGHT_LOAD, "inflight"),
+            in_flight
+                .iter()
+                .map(|&n| Attributes::in_flight(n, 0))
+                .collect(),
+        )
+}
+
+#[test]
+fn a_prompt_already_sent_whole_to_a_replica_continues_there_while_balance_allows() {
+    let producer = instance(
+        r#"{"blockSizeTokens": 4, "assignment": "fairShare",
+            "cachedMatchProducerName": "approx", "inFlightProducerName": "inflight"}"#,
+    );
+    let prompt = [1, 2, 3, 4, 5, 6, 7, 8];
+    // Alone in its window, the prompt held whole on /pod3, which carries one request more
+    // than the least loaded: it goes there, not to the least loaded replica.
+    let alone = [request(&prompt, &PODS)];
+    let attrs = [cached_and_in_flight(&[0, 0, 2, 0], &[4, 4, 5, 4])];
+    assert_eq!(
+        assigned(&alone, &produce_seeing(&producer, &alone, &attrs)),
+        ["/pod3"]
+    );
+    // Held only in part there: left to the cache-aware scorers, as before.
+    let attrs = [cached_and_in_flight(&[0, 0, 1, 0], &[4, 4, 5, 4])];
+    assert_eq!(
+        assigned(&alone, &produce_seeing(&producer, &alone, &attrs)),
+        ["-"]
+    );
+    // Its home far above the others (more than two requests, or 10%, over the level): the
+    // request spills onto the least loaded replica, which becomes a second home.
+    let attrs = [cached_and_in_flight(&[0, 0, 2, 0], &[4, 3, 9, 4])];
+    assert_eq!(
+        assigned(&alone, &produce_seeing(&producer, &alone, &attrs)),
+        ["/pod2"]
+    );
+    // Of two homes, the less loaded takes it.
+    let attrs = [cached_and_in_flight(&[2, 0, 2, 0], &[6, 3, 5, 4])];
+    assert_eq!(
+        assigned(&alone, &produce_seeing(&producer, &alone, &attrs)),
+        ["/pod3"]
+    );
+
+    // Six samples of the prompt in one window, home /pod1 on an idle fleet: the home takes
+    // what stays within the ceiling (level 1.5 + 2 requests: 3), the rest are cut as a group
+    // onto the least loaded replicas.
+    let window = copies(6, &prompt, &PODS);
+    let attrs: Vec<Attributes> = window
+        .iter()
+        .map(|_| cached_and_in_flight(&[2, 0, 0, 0], &[0, 0, 0, 0]))
+        .collect();
+    let placed = assigned(&window, &produce_seeing(&producer, &window, &attrs));
+    assert_eq!(placed.iter().filter(|&&pod| pod == "/pod1").count(), 3);
+    assert!(placed.iter().all(|&pod| pod != "-"));
+}

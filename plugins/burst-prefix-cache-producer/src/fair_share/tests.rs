@@ -228,3 +228,110 @@ fn lists_that_end_alike_are_still_told_apart() {
     let entries = [a, b, a, b, a];
     assert_eq!(lay_out(&entries, &[2; 5], 0), [0, 2, 4, 1, 3]);
 }
+
+/// A burst whose requests reach the producer in many windows: groups of `sizes` members, in a
+/// random order, cut into windows of 1..=`max_window` requests. Each window is placed over the
+/// load earlier windows left (nothing completes during the burst), with the homes a cache
+/// estimate would report (the replicas earlier members of its group went to) when
+/// `continuing`. Returns the requests per replica and the (group, replica) placements.
+fn burst_over_windows(
+    sizes: &[usize],
+    replicas: usize,
+    seed: u64,
+    max_window: u64,
+    continuing: bool,
+) -> (Vec<usize>, usize) {
+    let mut next = switchyard_plugin_api::testing::numbers(seed);
+    let mut arrivals: Vec<usize> = sizes
+        .iter()
+        .enumerate()
+        .flat_map(|(g, &size)| std::iter::repeat_n(g, size))
+        .collect();
+    for i in (1..arrivals.len()).rev() {
+        arrivals.swap(i, next(i as u64 + 1) as usize);
+    }
+    let keys: Vec<Vec<u64>> = (0..sizes.len() as u64)
+        .map(|g| vec![g + 1, g + 7])
+        .collect();
+    let ids: Vec<String> = (0..replicas).map(|r| format!("/r{r:02}")).collect();
+    let mut load = vec![0usize; replicas];
+    let mut pairs = BTreeSet::new();
+    let mut at = 0;
+    while at < arrivals.len() {
+        let size = (1 + next(max_window) as usize).min(arrivals.len() - at);
+        let window = &arrivals[at..at + size];
+        at += size;
+        let entries: Vec<&[u64]> = window.iter().map(|&g| keys[g].as_slice()).collect();
+        let homes_of: Vec<Vec<usize>> = window
+            .iter()
+            .map(|&g| {
+                (0..replicas)
+                    .filter(|&r| continuing && pairs.contains(&(g, r)))
+                    .collect()
+            })
+            .collect();
+        let homes: Vec<&[usize]> = homes_of.iter().map(Vec::as_slice).collect();
+        let views: Vec<Replica<'_>> = ids
+            .iter()
+            .zip(&load)
+            .map(|(id, &running)| Replica {
+                id,
+                running_requests: running as u64,
+            })
+            .collect();
+        let placed = assign_continuing(
+            &entries,
+            &vec![2; size],
+            &views,
+            &homes,
+            0,
+            BalanceBy::Requests,
+        );
+        for (&g, target) in window.iter().zip(&placed) {
+            let r = target.expect("every request is placed");
+            load[r] += 1;
+            pairs.insert((g, r));
+        }
+    }
+    (load, pairs.len())
+}
+
+#[test]
+fn a_burst_cut_into_windows_keeps_its_groups_together_and_stays_balanced() {
+    let shapes: [&[usize]; 3] = [
+        &[16; 32],
+        &[128; 4],
+        &[8, 96, 24, 64, 40, 16, 72, 32, 56, 48, 12, 44],
+    ];
+    for sizes in shapes {
+        let requests: usize = sizes.iter().sum();
+        let fair = requests as f64 / 8.0;
+        for max_window in [1, 3, 10, 40, 200] {
+            let (mut with_homes, mut without) = (0, 0);
+            for seed in 1..=10 {
+                let (load, pairs) = burst_over_windows(sizes, 8, seed, max_window, true);
+                assert_eq!(load.iter().sum::<usize>(), requests);
+                for (r, &got) in load.iter().enumerate() {
+                    // The home ceiling (10% above the level, or two requests) plus the spread
+                    // one window's cut may add.
+                    assert!(
+                        (got as f64 - fair).abs() <= 2.0 * (ALLOWANCE * fair).max(2.0),
+                        "{sizes:?}, windows of 1..={max_window}, seed {seed}: replica {r} got \
+                         {got} of {load:?}"
+                    );
+                }
+                assert!(
+                    pairs < 2 * (sizes.len() + 7),
+                    "{sizes:?}, windows of 1..={max_window}, seed {seed}: {pairs} placements"
+                );
+                with_homes += pairs;
+                without += burst_over_windows(sizes, 8, seed, max_window, false).1;
+            }
+            assert!(
+                with_homes * 10 < without * 8,
+                "{sizes:?}, windows of 1..={max_window}: {with_homes} placements with homes, \
+                 {without} without"
+            );
+        }
+    }
+}
