@@ -7,6 +7,10 @@ use serde::Deserialize;
 use switchyard_plugin_api::sdk::parse_parameters;
 use switchyard_plugin_api::PluginError;
 
+/// `groupMemoryMs` when not set: long enough for any client's spread of one burst, short
+/// next to the time between RL steps.
+pub const DEFAULT_GROUP_MEMORY_MS: i64 = 2000;
+
 /// Block cap used when `maxPrefixTokensToMatch` is 0.
 pub const DEFAULT_MAX_BLOCKS: usize = 2048;
 
@@ -104,6 +108,10 @@ pub struct BurstConfig {
     /// requests in flight to it, so metrics read at the last scrape cannot hide the requests
     /// sent since. Empty for none. A switchyard extension.
     pub in_flight_producer_name: String,
+    /// With `fairShare`: how long a prompt group placed by one window is remembered after its
+    /// last request, so later windows continue its placement ([`crate::burst_plan`]); 0 places
+    /// every window on its own. A switchyard extension.
+    pub group_memory_ms: i64,
 }
 
 impl Default for BurstConfig {
@@ -120,6 +128,7 @@ impl Default for BurstConfig {
             window_quiet_ms: 0,
             cached_match_producer_name: String::new(),
             in_flight_producer_name: String::new(),
+            group_memory_ms: DEFAULT_GROUP_MEMORY_MS,
         }
     }
 }
@@ -243,6 +252,16 @@ impl BurstConfig {
                 ),
             );
         }
+        if !(0..=600_000).contains(&self.group_memory_ms) {
+            return fail(
+                "groupMemoryMs",
+                format!(
+                    "groupMemoryMs must be in 0..=600000 (got {}); 0 places every window on its \
+                     own",
+                    self.group_memory_ms
+                ),
+            );
+        }
         Ok(())
     }
 
@@ -300,6 +319,13 @@ impl BurstConfig {
     /// The producer of in-flight counts fair share adds to the replicas' reported load, if any.
     pub fn in_flight_producer(&self) -> Option<&str> {
         (!self.in_flight_producer_name.is_empty()).then_some(self.in_flight_producer_name.as_str())
+    }
+
+    /// How long placed groups are remembered, when windows continue each other's placement
+    /// (`fairShare` with a positive `groupMemoryMs`).
+    pub fn group_memory(&self) -> Option<u64> {
+        (self.assignment() == Assignment::FairShare && self.group_memory_ms > 0)
+            .then(|| u64::try_from(self.group_memory_ms).unwrap_or(0))
     }
 
     /// The placement ([`Assignment::Reference`] if the value is invalid).

@@ -28,110 +28,25 @@ pub fn assign_fair_share(
     min_colocate_blocks: usize,
     balance_by: BalanceBy,
 ) -> Vec<Option<usize>> {
-    let no_homes = vec![&[][..]; entries.len()];
-    assign_continuing(
-        entries,
-        blocks,
-        replicas,
-        &no_homes,
-        min_colocate_blocks,
-        balance_by,
-    )
-}
-
-/// Places a batch some of whose prompts already have a home: replicas that hold the whole
-/// prompt, because earlier requests of the same burst were sent there from earlier windows.
-/// `homes[i]` are positions in `replicas`; the other arguments are those of
-/// [`assign_fair_share`].
-///
-/// A request with a home goes to its least loaded home while that home stays within the
-/// batch's balance: at most [`ALLOWANCE`] of the water level the whole batch brings the
-/// replicas to (or two requests' weight, when larger) above that level. Requests without a
-/// home, and those their homes cannot take, are laid on the line and cut into shares as in
-/// [`assign_fair_share`], over the load the homed requests left. So a burst cut into many
-/// windows keeps each prompt group where it started for as long as balance allows, and a group
-/// that outgrows its replica spills onto the least loaded one, which becomes a second home.
-pub fn assign_continuing(
-    entries: &[&[u64]],
-    blocks: &[usize],
-    replicas: &[Replica<'_>],
-    homes: &[&[usize]],
-    min_colocate_blocks: usize,
-    balance_by: BalanceBy,
-) -> Vec<Option<usize>> {
     let mut assigned = vec![None; entries.len()];
     if replicas.is_empty() {
+        return assigned;
+    }
+    let line = lay_out(entries, blocks, min_colocate_blocks);
+    if line.is_empty() {
         return assigned;
     }
     let weight = |i: usize| match balance_by {
         BalanceBy::Requests => 1.0,
         BalanceBy::Tokens => blocks[i] as f64,
     };
-    let placed = blocks.iter().filter(|&&count| count > 0).count();
-    if placed == 0 {
-        return assigned;
-    }
-    let total: f64 = (0..blocks.len())
-        .filter(|&i| blocks[i] > 0)
-        .map(weight)
-        .sum();
-    let per_request = total / placed as f64;
-    let mut load: Vec<f64> = replicas
+    let total: f64 = line.iter().map(|&i| weight(i)).sum();
+    let per_request = total / line.len() as f64;
+    let carried: Vec<f64> = replicas
         .iter()
         .map(|r| r.running_requests as f64 * per_request)
         .collect();
-    let mut rest = std::borrow::Cow::Borrowed(blocks);
-    if homes.iter().any(|h| !h.is_empty()) {
-        let level = water_level(&load, total);
-        let ceiling = level + (ALLOWANCE * level).max(2.0 * per_request);
-        for (i, homes) in homes.iter().enumerate() {
-            if blocks[i] == 0 {
-                continue;
-            }
-            let least_loaded = homes.iter().copied().min_by(|&a, &b| {
-                load[a]
-                    .total_cmp(&load[b])
-                    .then_with(|| replicas[a].id.cmp(replicas[b].id))
-            });
-            if let Some(home) = least_loaded {
-                if load[home] + weight(i) <= ceiling {
-                    assigned[i] = Some(home);
-                    load[home] += weight(i);
-                    rest.to_mut()[i] = 0;
-                }
-            }
-        }
-    }
-    cut_line(
-        entries,
-        &rest,
-        replicas,
-        &load,
-        min_colocate_blocks,
-        weight,
-        &mut assigned,
-    );
-    assigned
-}
-
-/// Lays the requests with blocks on the line and cuts it into one share per replica,
-/// water-filled over `carried` (in the weight's units); writes each request's replica.
-fn cut_line(
-    entries: &[&[u64]],
-    blocks: &[usize],
-    replicas: &[Replica<'_>],
-    carried: &[f64],
-    min_colocate_blocks: usize,
-    weight: impl Fn(usize) -> f64,
-    assigned: &mut [Option<usize>],
-) {
-    let line = lay_out(entries, blocks, min_colocate_blocks);
-    if line.is_empty() {
-        return;
-    }
-    let total: f64 = line.iter().map(|&i| weight(i)).sum();
-    let per_request = total / line.len() as f64;
-    let shares = water_fill(carried, total);
+    let shares = water_fill(&carried, total);
     // Replicas in the order the line is cut: least carried load first, then id.
     let mut order: Vec<usize> = (0..replicas.len()).collect();
     order.sort_by(|&a, &b| {
@@ -162,6 +77,7 @@ fn cut_line(
     for &i in &line[from..] {
         assigned[i] = Some(last);
     }
+    assigned
 }
 
 /// How far a replica's part may stray from its share to keep groups whole, as a fraction of
@@ -293,12 +209,6 @@ fn lay_out(entries: &[&[u64]], blocks: &[usize], min_blocks: usize) -> Vec<usize
 /// Shares that bring every replica as close as possible to one common level: the least loaded
 /// are topped up first, and a replica already above the level gets nothing.
 fn water_fill(carried: &[f64], total: f64) -> Vec<f64> {
-    let level = water_level(carried, total);
-    carried.iter().map(|&c| (level - c).max(0.0)).collect()
-}
-
-/// The common level `total` more load brings the least loaded replicas up to.
-fn water_level(carried: &[f64], total: f64) -> f64 {
     let mut sorted: Vec<f64> = carried.to_vec();
     sorted.sort_by(f64::total_cmp);
     let mut level = sorted[0] + total;
@@ -312,7 +222,7 @@ fn water_level(carried: &[f64], total: f64) -> f64 {
             break;
         }
     }
-    level
+    carried.iter().map(|&c| (level - c).max(0.0)).collect()
 }
 
 #[cfg(test)]

@@ -7,9 +7,12 @@
 //! [`assign::assign`] and reports the placement as a full prefix match on the chosen replica.
 
 pub mod assign;
+pub mod burst_plan;
 pub mod config;
 pub mod fair_share;
 
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use switchyard_plugin_api::keys::{
     IN_FLIGHT_LOAD, PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER,
 };
@@ -21,8 +24,14 @@ use switchyard_plugin_api::{
 use switchyard_prefix_hashing::{block_count, hash_prompt_into, prompt_seed};
 
 use assign::{assign, Replica};
+use burst_plan::{BurstPlan, GroupKey, WindowGroup};
 use config::{Assignment, BurstConfig};
-use fair_share::{assign_continuing, assign_fair_share};
+use fair_share::assign_fair_share;
+
+/// The plan, even when a call that held it panicked: a plan is valid between any two steps.
+fn lock(plan: &Mutex<BurstPlan>) -> MutexGuard<'_, BurstPlan> {
+    plan.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Position of `PrefixCacheMatchInfo` in the declared produced keys.
 const PRODUCES_MATCH_INFO: usize = 0;
@@ -136,22 +145,37 @@ pub static FACTORY: PluginFactory = PluginFactory {
                           of its reported running requests and the requests in flight to it. \
                           Empty: the reported running requests only.",
         },
+        Param {
+            name: "groupMemoryMs",
+            value_type: "integer",
+            default: "2000",
+            range: "0..=600000",
+            description: "Switchyard's, with fairShare: how long a placed prompt group is \
+                          remembered after its last request, so later windows continue one \
+                          plan for the whole burst; 0 places every window on its own.",
+        },
     ],
     create,
 };
 
 fn create(instance_name: &str, parameters: &str) -> Result<Instance, PluginError> {
     let config = BurstConfig::parse(parameters)?;
+    let plan = config
+        .group_memory()
+        .map(|ms| Mutex::new(BurstPlan::new(ms)));
     Ok(Instance::producer(BurstProducer {
         name: instance_name.to_owned(),
         config,
+        plan,
     }))
 }
 
-/// One configured instance. It keeps no state between batches.
+/// One configured instance. Its only state between batches is the plan of recent bursts
+/// (`fairShare` with `groupMemoryMs`).
 struct BurstProducer {
     name: String,
     config: BurstConfig,
+    plan: Option<Mutex<BurstPlan>>,
 }
 
 impl Producer for BurstProducer {
@@ -181,8 +205,15 @@ impl Producer for BurstProducer {
         out: &mut ProduceBatch<'_>,
     ) -> Result<(), PluginError> {
         let fair_share = self.config.assignment() == Assignment::FairShare;
+        let now_ms = items.first().map_or(0, |item| item.request.now_ms);
+        // A request alone in its window still continues a burst the plan remembers; otherwise
+        // it has no one to be placed with, and is placed without hashing its prompt.
+        let planning = self
+            .plan
+            .as_ref()
+            .is_some_and(|plan| lock(plan).remembers_any(now_ms));
         if let [item] = items {
-            if fair_share {
+            if fair_share && !planning {
                 let count = self.block_count_of(item);
                 let target = self.place_alone(item, count);
                 put_matches(item, count, target, self.config.block_size(), out);
@@ -200,7 +231,10 @@ impl Producer for BurstProducer {
         // batch shares gets no affinity either, and takes no part in placing the others
         // (`assign` leaves lone requests out). Such requests are not hashed; their entry stays
         // empty, which `assign` also answers with no affinity.
-        let needs_hashing: Vec<bool> = if items.len() == 1 {
+        let needs_hashing: Vec<bool> = if self.plan.is_some() {
+            // Every group counts in the plan, lone requests included.
+            counts.iter().map(|&count| count > 0).collect()
+        } else if items.len() == 1 {
             vec![false]
         } else if self.config.colocate_blocks() > 0 {
             counts.iter().map(|&count| count > 0).collect()
@@ -281,7 +315,7 @@ impl Producer for BurstProducer {
                 let lone = lone_requests(&entries, &counts, self.config.colocate_blocks());
                 let mut start = 0;
                 for (i, (&lone, &cached)) in lone.iter().zip(&cached).enumerate() {
-                    let homed = home_ends[i] > start;
+                    let homed = self.plan.is_some() && home_ends[i] > start;
                     start = home_ends[i];
                     if lone && cached && !homed {
                         // Without blocks to place, the fair share leaves it out.
@@ -290,39 +324,34 @@ impl Producer for BurstProducer {
                 }
             }
         }
-        let homes: Vec<&[usize]> = if home_list.is_empty() {
-            Vec::new()
-        } else {
-            home_ends
-                .iter()
-                .scan(0, |start, &end| {
-                    let homes = &home_list[*start..end];
-                    *start = end;
-                    Some(homes)
-                })
-                .collect()
-        };
-
-        let assigned = if fair_share && placed_counts.iter().any(|&count| count > 0) {
+        let assigned = if let Some(plan) = self.plan.as_ref() {
             let replicas = self.replicas(spread_over, first_with_blocks);
-            if homes.is_empty() {
-                assign_fair_share(
-                    &entries,
-                    &placed_counts,
-                    &replicas,
-                    self.config.colocate_blocks(),
-                    self.config.balance(),
-                )
-            } else {
-                assign_continuing(
-                    &entries,
-                    &placed_counts,
-                    &replicas,
-                    &homes,
-                    self.config.colocate_blocks(),
-                    self.config.balance(),
-                )
-            }
+            let homes = |i: usize| {
+                let start = i
+                    .checked_sub(1)
+                    .and_then(|j| home_ends.get(j))
+                    .copied()
+                    .unwrap_or(0);
+                home_ends
+                    .get(i)
+                    .map_or(&[][..], |&end| &home_list[start..end])
+            };
+            self.place_by_plan(
+                &mut lock(plan),
+                now_ms,
+                &entries,
+                &placed_counts,
+                &replicas,
+                homes,
+            )
+        } else if fair_share && placed_counts.iter().any(|&count| count > 0) {
+            assign_fair_share(
+                &entries,
+                &placed_counts,
+                &self.replicas(spread_over, first_with_blocks),
+                self.config.colocate_blocks(),
+                self.config.balance(),
+            )
         } else if !fair_share && needs_hashing.contains(&true) {
             let replicas = self.replicas(spread_over, first_with_blocks);
             assign(
@@ -361,26 +390,70 @@ impl BurstProducer {
     /// with no other request to group with, its hashes cannot change the placement, so they
     /// are not computed. Returns the chosen endpoint's host index.
     fn place_alone(&self, item: &ProduceItem<'_>, count: usize) -> Option<u32> {
-        if count == 0 {
-            return None;
-        }
-        let mut homes = Vec::new();
-        if self.config.cached_match_producer().is_some()
-            && whole_prompt_homes(item, &item.endpoints, &mut homes)
-            && homes.is_empty()
+        if count == 0
+            || (self.config.cached_match_producer().is_some()
+                && whole_prompt_homes(item, &[], &mut Vec::new()))
         {
             return None;
         }
         let replicas = self.replicas(&item.endpoints, Some(item));
-        let placed = assign_continuing(
+        let placed = assign_fair_share(
             &[&[]],
             &[count],
             &replicas,
-            &[&homes],
             self.config.colocate_blocks(),
             self.config.balance(),
         );
         placed[0].map(|replica| item.endpoints[replica].host_index)
+    }
+
+    /// Places a window through the plan of recent bursts: requests with the same hash list
+    /// (with `minColocateBlocks`, the same leading blocks) are one group. `homes(i)` are the
+    /// replicas whose cache estimate holds request `i`'s whole prompt. Requests whose
+    /// `counts` entry is 0 get no affinity.
+    fn place_by_plan<'h>(
+        &self,
+        plan: &mut BurstPlan,
+        now_ms: u64,
+        entries: &[&[u64]],
+        counts: &[usize],
+        replicas: &[Replica<'_>],
+        homes: impl Fn(usize) -> &'h [usize],
+    ) -> Vec<Option<usize>> {
+        let colocate = self.config.colocate_blocks();
+        let by_tokens = self.config.balance() == config::BalanceBy::Tokens;
+        let mut index: HashMap<GroupKey, usize> = HashMap::new();
+        let mut groups: Vec<WindowGroup<'h>> = Vec::new();
+        let mut members: Vec<Vec<usize>> = Vec::new();
+        for (i, (entry, &count)) in entries.iter().zip(counts).enumerate() {
+            let prefix = if colocate > 0 {
+                &entry[..entry.len().min(colocate)]
+            } else {
+                entry
+            };
+            let Some(key) = GroupKey::of(prefix).filter(|_| count > 0) else {
+                continue;
+            };
+            let g = *index.entry(key).or_insert_with(|| {
+                groups.push(WindowGroup {
+                    key,
+                    members: 0,
+                    weight: if by_tokens { count as f64 } else { 1.0 },
+                    cached_on: homes(i),
+                });
+                members.push(Vec::new());
+                groups.len() - 1
+            });
+            groups[g].members += 1;
+            members[g].push(i);
+        }
+        let mut assigned = vec![None; entries.len()];
+        for (placed, members) in plan.place(now_ms, &groups, replicas).iter().zip(&members) {
+            for (&replica, &i) in placed.iter().zip(members) {
+                assigned[i] = Some(replica);
+            }
+        }
+        assigned
     }
 
     /// The replicas a batch is spread over, with the load each carries: its reported running

@@ -9,6 +9,7 @@ use switchyard_plugin_api::testing::{numbers, Attributes, Harness, TestEndpoint,
 use switchyard_plugin_api::{AttrValue, BatchPolicy, ConsumedKey, DataKey, ErrorKind, PluginError};
 
 use super::*;
+use std::collections::BTreeSet;
 
 /// Every endpoint the tests know; an endpoint's host index is its position here.
 const PODS: [&str; 4] = ["/pod1", "/pod2", "/pod3", "/pod4"];
@@ -262,7 +263,7 @@ fn out_of_range_parameter_is_refused_with_its_name_and_range() {
 
 #[test]
 fn documented_parameters_are_the_config_fields_with_their_defaults() {
-    assert_eq!(FACTORY.parameters.len(), 11);
+    assert_eq!(FACTORY.parameters.len(), 12);
     for param in FACTORY.parameters {
         let json = format!("{{\"{}\": {}}}", param.name, param.default);
         assert_eq!(
@@ -648,67 +649,80 @@ fn a_batch_of_one_is_placed_where_the_fair_share_line_puts_it() {
     }
 }
 
-/// Attributes of one request: the cache estimate `approx` holds `cached[position]` of its two
-/// blocks on each candidate, and `in_flight[position]` requests are in flight to each.
-fn cached_and_in_flight(cached: &[u64], in_flight: &[i64]) -> Attributes {
-    Attributes::new()
-        .set(
-            DataKey::new(PREFIX_CACHE_MATCH_INFO, "approx"),
-            cached.iter().map(|&blocks| pmi(blocks, 2, 4)).collect(),
-        )
-        .set(
-            DataKey::new(IN_FLIGHT_LOAD, "inflight"),
-            in_flight
-                .iter()
-                .map(|&n| Attributes::in_flight(n, 0))
-                .collect(),
-        )
+/// Requests at `now_ms`: `count` samples of `tokens` over every pod, each pod running
+/// `running[position]` requests.
+fn samples_at(now_ms: u64, count: usize, tokens: &[u32], running: &[u32]) -> Vec<Request> {
+    (0..count)
+        .map(|_| Request {
+            request: base("").tokens(tokens).now_ms(now_ms),
+            candidates: pods(&PODS, running),
+        })
+        .collect()
+}
+
+/// Requests per pod among `placed`, in pod order.
+fn per_pod(placed: &[&str]) -> Vec<u32> {
+    PODS.iter()
+        .map(|pod| placed.iter().filter(|&&p| p == *pod).count() as u32)
+        .collect()
 }
 
 #[test]
-fn a_prompt_already_sent_whole_to_a_replica_continues_there_while_balance_allows() {
-    let producer = instance(
-        r#"{"blockSizeTokens": 4, "assignment": "fairShare",
-            "cachedMatchProducerName": "approx", "inFlightProducerName": "inflight"}"#,
-    );
-    let prompt = [1, 2, 3, 4, 5, 6, 7, 8];
-    // Alone in its window, the prompt held whole on /pod3, which carries one request more
-    // than the least loaded: it goes there, not to the least loaded replica.
-    let alone = [request(&prompt, &PODS)];
-    let attrs = [cached_and_in_flight(&[0, 0, 2, 0], &[4, 4, 5, 4])];
-    assert_eq!(
-        assigned(&alone, &produce_seeing(&producer, &alone, &attrs)),
-        ["/pod3"]
-    );
-    // Held only in part there: left to the cache-aware scorers, as before.
-    let attrs = [cached_and_in_flight(&[0, 0, 1, 0], &[4, 4, 5, 4])];
-    assert_eq!(
-        assigned(&alone, &produce_seeing(&producer, &alone, &attrs)),
-        ["-"]
-    );
-    // Its home far above the others (more than two requests, or 10%, over the level): the
-    // request spills onto the least loaded replica, which becomes a second home.
-    let attrs = [cached_and_in_flight(&[0, 0, 2, 0], &[4, 3, 9, 4])];
-    assert_eq!(
-        assigned(&alone, &produce_seeing(&producer, &alone, &attrs)),
-        ["/pod2"]
-    );
-    // Of two homes, the less loaded takes it.
-    let attrs = [cached_and_in_flight(&[2, 0, 2, 0], &[6, 3, 5, 4])];
-    assert_eq!(
-        assigned(&alone, &produce_seeing(&producer, &alone, &attrs)),
-        ["/pod3"]
-    );
+fn later_windows_continue_the_groups_earlier_windows_placed() {
+    let prompts: Vec<Vec<u32>> = (1..=4).map(|p| vec![p; 8]).collect();
+    let continuing = instance(r#"{"blockSizeTokens": 4, "assignment": "fairShare"}"#);
+    let alone =
+        instance(r#"{"blockSizeTokens": 4, "assignment": "fairShare", "groupMemoryMs": 0}"#);
+    for (producer, remembers) in [(&continuing, true), (&alone, false)] {
+        // Window 1: two samples of each of four prompts; each prompt lands whole on a pod.
+        let first: Vec<Request> = prompts
+            .iter()
+            .flat_map(|tokens| samples_at(0, 2, tokens, &[0; 4]))
+            .collect();
+        let placed = assigned(&first, &produce(producer, &first));
+        let homes: Vec<&str> = (0..4).map(|p| placed[2 * p]).collect();
+        assert!((0..4).all(|p| placed[2 * p + 1] == homes[p]));
+        assert_eq!(homes.iter().collect::<BTreeSet<_>>().len(), 4);
+        let mut running = per_pod(&placed);
 
-    // Six samples of the prompt in one window, home /pod1 on an idle fleet: the home takes
-    // what stays within the ceiling (level 1.5 + 2 requests: 3), the rest are cut as a group
-    // onto the least loaded replicas.
-    let window = copies(6, &prompt, &PODS);
-    let attrs: Vec<Attributes> = window
-        .iter()
-        .map(|_| cached_and_in_flight(&[2, 0, 0, 0], &[0, 0, 0, 0]))
-        .collect();
-    let placed = assigned(&window, &produce_seeing(&producer, &window, &attrs));
-    assert_eq!(placed.iter().filter(|&&pod| pod == "/pod1").count(), 3);
-    assert!(placed.iter().all(|&pod| pod != "-"));
+        // Windows 2 to 9, 5 ms apart, each with one more sample of one prompt. With the plan
+        // a sample follows its group, though its pod carries more than the others (the
+        // groups are equal, so the plan stays balanced); placed alone, it goes to a least
+        // loaded pod.
+        for step in 0..8 {
+            let p = [0, 0, 1, 2, 0, 3, 1, 1][step];
+            let window = samples_at(5 * (step as u64 + 1), 1, &prompts[p], &running);
+            let placed = assigned(&window, &produce(producer, &window))[0];
+            let pod = PODS.iter().position(|&pod| pod == placed).unwrap();
+            if remembers {
+                assert_eq!(placed, homes[p], "step {step}");
+            } else {
+                assert_eq!(running[pod], *running.iter().min().unwrap(), "step {step}");
+            }
+            running[pod] += 1;
+        }
+    }
+
+    // Past the memory (2 s by default) a group is placed afresh: the least loaded pod.
+    let late = samples_at(10_000, 1, &prompts[0], &[5, 5, 0, 5]);
+    assert_eq!(assigned(&late, &produce(&continuing, &late)), ["/pod3"]);
+}
+
+#[test]
+fn a_group_that_outgrows_its_share_gets_a_second_home_and_the_fleet_stays_balanced() {
+    // One prompt's 64 samples in windows of 4 over 4 pods: the plan first puts the group on
+    // one pod, then spreads it as the balance requires, each new home kept for its part.
+    let producer = instance(r#"{"blockSizeTokens": 4, "assignment": "fairShare"}"#);
+    let mut running = vec![0u32; 4];
+    let mut homes = BTreeSet::new();
+    for window in 0..16 {
+        let batch = samples_at(window, 4, &[1, 2, 3, 4, 5, 6, 7, 8], &running);
+        for pod in assigned(&batch, &produce(&producer, &batch)) {
+            homes.insert(pod.to_string());
+            running[PODS.iter().position(|&p| p == pod).unwrap()] += 1;
+        }
+    }
+    assert_eq!(running.iter().sum::<u32>(), 64);
+    assert!(running.iter().all(|&n| n.abs_diff(16) <= 2), "{running:?}");
+    assert_eq!(homes.len(), 4);
 }

@@ -1,0 +1,439 @@
+//! Group continuity across windows (`groupMemoryMs`, a switchyard extension): a burst whose
+//! requests reach the producer in many windows is placed as one problem.
+//!
+//! The plan remembers every prompt group it placed until `groupMemoryMs` after the group's last
+//! request: the members seen so far and, per replica, the *part* of the group meant for it and
+//! the members sent there. Each window:
+//!
+//! 1. Every remembered group's final size is estimated. The groups of one burst start together
+//!    and grow at rates proportional to their sizes, so their counts predict their final sizes
+//!    up to a common factor — but early counts are noisy. The estimate shrinks each count
+//!    towards the mean count by the share of the counts' spread that is noise (a Poisson
+//!    count's variance is its mean): equal groups (the samples of an RL step) are predicted
+//!    equal however unevenly their first members arrived, while truly unequal groups keep
+//!    their measured proportions. An estimate is never below what was seen.
+//! 2. A group seen for the first time goes whole to the replica with the least planned load
+//!    (estimated sizes times parts), largest first — or to a replica the cache estimate says
+//!    already holds its prompt, when that one stays within the ceiling below.
+//! 3. Once the burst's groups seem all known (as many members as there are groups have
+//!    arrived since the last new group), a replica planned above the mean by more than half of
+//!    [`ALLOWANCE`] (or one request) hands part of its largest group to the least planned
+//!    replica — one where that group already has a part if any is below the mean. The group
+//!    then has a second home.
+//! 4. Each member goes to its group's replica furthest below its part of the members seen.
+//!
+//! Equal groups thus land whole, four to a replica when 32 meet 8 replicas, and a group splits
+//! only when balance needs it, whichever windows its members arrive in.
+
+use std::collections::HashMap;
+
+use crate::assign::Replica;
+use crate::fair_share::ALLOWANCE;
+
+/// A prompt group's identity: its block count and its first and last chained block hashes
+/// (the last one stands for the whole chain).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GroupKey {
+    pub blocks: usize,
+    pub first: u64,
+    pub last: u64,
+}
+
+impl GroupKey {
+    /// The key of a non-empty hash list.
+    pub fn of(hashes: &[u64]) -> Option<Self> {
+        Some(GroupKey {
+            blocks: hashes.len(),
+            first: *hashes.first()?,
+            last: *hashes.last()?,
+        })
+    }
+}
+
+/// The members of one group in the window being placed.
+#[derive(Debug, Clone, Copy)]
+pub struct WindowGroup<'a> {
+    pub key: GroupKey,
+    pub members: usize,
+    /// What one member weighs in the balance: 1, or its block count with `balanceBy = tokens`.
+    pub weight: f64,
+    /// Positions in the replica list whose cache estimate already holds the whole prompt.
+    pub cached_on: &'a [usize],
+}
+
+/// What the plan remembers of one group.
+#[derive(Debug)]
+struct Trail {
+    last_ms: u64,
+    seen: usize,
+    weight: f64,
+    shares: Vec<Share>,
+}
+
+/// A group's part on one replica.
+#[derive(Debug)]
+struct Share {
+    replica: Box<str>,
+    /// The fraction of the group's members meant for this replica; a group's parts add up to 1.
+    part: f64,
+    sent: usize,
+}
+
+/// Remembered groups of recent bursts; see the module docs.
+#[derive(Debug)]
+pub struct BurstPlan {
+    memory_ms: u64,
+    trails: HashMap<GroupKey, Trail>,
+    swept_ms: u64,
+    /// Members seen since a group was seen for the first time.
+    since_new_group: usize,
+    /// When a group last had a second member: until `memory_ms` later a burst may be going on.
+    last_burst_ms: Option<u64>,
+}
+
+impl BurstPlan {
+    pub fn new(memory_ms: u64) -> Self {
+        BurstPlan {
+            memory_ms,
+            trails: HashMap::new(),
+            swept_ms: 0,
+            since_new_group: 0,
+            last_burst_ms: None,
+        }
+    }
+
+    /// Whether a burst may be going on at `now_ms`: a group had a second member within the
+    /// memory. Until then a lone request is not worth remembering.
+    pub fn remembers_any(&self, now_ms: u64) -> bool {
+        self.last_burst_ms
+            .is_some_and(|at| at.saturating_add(self.memory_ms) >= now_ms)
+    }
+
+    /// Places the window's groups over `replicas`; returns, per group, the replica position of
+    /// each of its members.
+    pub fn place(
+        &mut self,
+        now_ms: u64,
+        groups: &[WindowGroup<'_>],
+        replicas: &[Replica<'_>],
+    ) -> Vec<Vec<usize>> {
+        if replicas.is_empty() {
+            return groups.iter().map(|_| Vec::new()).collect();
+        }
+        self.forget_before(now_ms);
+        let mut fresh = Vec::new();
+        for (g, group) in groups.iter().enumerate() {
+            let trail = self.trails.entry(group.key).or_insert_with(|| Trail {
+                last_ms: now_ms,
+                seen: 0,
+                weight: group.weight,
+                shares: Vec::new(),
+            });
+            if trail.shares.is_empty() {
+                fresh.push(g);
+            }
+            trail.seen += group.members;
+            trail.last_ms = now_ms;
+            if trail.seen > 1 {
+                self.last_burst_ms = Some(now_ms);
+            }
+        }
+        let members: usize = groups.iter().map(|g| g.members).sum();
+        self.since_new_group = if fresh.is_empty() {
+            self.since_new_group + members
+        } else {
+            // Members of this window that came after its last new group are not told apart
+            // from the others: the count restarts from zero.
+            0
+        };
+
+        let estimate = SizeEstimate::of(self.trails.values().map(|t| t.seen));
+        let mut fleet = Fleet::new(replicas);
+        let mut sent = vec![0usize; replicas.len()];
+        let (mut total, mut members_seen, mut weight_seen) = (0.0, 0usize, 0.0);
+        for trail in self.trails.values() {
+            let load = estimate.size(trail.seen) * trail.weight;
+            total += load;
+            members_seen += trail.seen;
+            weight_seen += trail.seen as f64 * trail.weight;
+            for share in &trail.shares {
+                if let Some(r) = fleet.position(&share.replica) {
+                    fleet.planned[r] += share.part * load;
+                    sent[r] += share.sent;
+                }
+            }
+        }
+        // Load the replicas carry that the remembered groups do not explain (other traffic,
+        // groups already forgotten), in the plan's units.
+        let per_member = if members_seen > 0 {
+            weight_seen / members_seen as f64
+        } else {
+            1.0
+        };
+        let base: Vec<f64> = replicas
+            .iter()
+            .zip(&sent)
+            .map(|(r, &sent)| r.running_requests.saturating_sub(sent as u64) as f64 * per_member)
+            .collect();
+        for (planned, base) in fleet.planned.iter_mut().zip(&base) {
+            *planned += base;
+        }
+        fleet.set_level(&base, total, per_member);
+
+        fresh.sort_by(|&a, &b| {
+            let seen = |g: usize| self.trails[&groups[g].key].seen;
+            seen(b).cmp(&seen(a)).then(a.cmp(&b))
+        });
+        for g in fresh {
+            let Some(trail) = self.trails.get_mut(&groups[g].key) else {
+                continue;
+            };
+            let size = estimate.size(trail.seen) * trail.weight;
+            let cached = groups[g]
+                .cached_on
+                .iter()
+                .copied()
+                .filter(|&r| r < replicas.len() && fleet.planned[r] + size <= fleet.ceiling)
+                .min_by(|&a, &b| fleet.order(a, b));
+            let target = cached.unwrap_or_else(|| fleet.least_planned());
+            fleet.planned[target] += size;
+            trail.shares.push(Share {
+                replica: replicas[target].id.into(),
+                part: 1.0,
+                sent: 0,
+            });
+        }
+
+        if self.since_new_group >= 2 * self.trails.len() {
+            self.rebalance(&mut fleet, &estimate);
+        }
+
+        groups
+            .iter()
+            .map(|group| match self.trails.get_mut(&group.key) {
+                Some(trail) => route(trail, group.members, &fleet),
+                None => Vec::new(),
+            })
+            .collect()
+    }
+
+    /// Moves parts of groups from replicas planned above the ceiling to the least planned
+    /// ones, down to the mean.
+    fn rebalance(&mut self, fleet: &mut Fleet<'_>, estimate: &SizeEstimate) {
+        // Each move brings a replica down to the mean, another up to it, or a group's part on
+        // a replica to zero, so the moves are bounded by replicas plus groups; the cap guards.
+        for _ in 0..(fleet.replicas.len() + self.trails.len()) * 2 {
+            let Some(over) = fleet
+                .most_planned()
+                .filter(|&r| fleet.planned[r] > fleet.ceiling)
+            else {
+                return;
+            };
+            let id = fleet.replicas[over].id;
+            // The group with the largest planned load on that replica.
+            let largest = self
+                .trails
+                .iter()
+                .filter_map(|(key, trail)| {
+                    let share = trail.shares.iter().find(|s| &*s.replica == id)?;
+                    Some((*key, share.part * estimate.size(trail.seen) * trail.weight))
+                })
+                .filter(|&(_, load)| load > 0.0)
+                .max_by(|a, b| a.1.total_cmp(&b.1).then_with(|| b.0.last.cmp(&a.0.last)));
+            let Some((key, load)) = largest else {
+                return;
+            };
+            let Some(trail) = self.trails.get_mut(&key) else {
+                return;
+            };
+            let size = estimate.size(trail.seen) * trail.weight;
+            let target = trail
+                .shares
+                .iter()
+                .filter_map(|s| fleet.position(&s.replica))
+                .filter(|&r| r != over && fleet.planned[r] < fleet.mean)
+                .min_by(|&a, &b| fleet.order(a, b))
+                .unwrap_or_else(|| fleet.least_planned());
+            let amount = load
+                .min(fleet.planned[over] - fleet.mean)
+                .min(fleet.mean - fleet.planned[target]);
+            // Less than half a member would only scatter single requests.
+            if target == over || amount < fleet.per_member / 2.0 || size <= 0.0 {
+                return;
+            }
+            let part = amount / size;
+            let target_id = fleet.replicas[target].id;
+            for share in &mut trail.shares {
+                if &*share.replica == id {
+                    share.part = (share.part - part).max(0.0);
+                }
+            }
+            match trail.shares.iter_mut().find(|s| &*s.replica == target_id) {
+                Some(share) => share.part += part,
+                None => trail.shares.push(Share {
+                    replica: target_id.into(),
+                    part,
+                    sent: 0,
+                }),
+            }
+            fleet.planned[over] -= amount;
+            fleet.planned[target] += amount;
+        }
+    }
+
+    /// Drops the groups not seen for `memory_ms`, at most once per quarter of it.
+    fn forget_before(&mut self, now_ms: u64) {
+        if now_ms.saturating_sub(self.swept_ms) < self.memory_ms / 4 {
+            return;
+        }
+        self.swept_ms = now_ms;
+        let memory_ms = self.memory_ms;
+        self.trails
+            .retain(|_, t| t.last_ms.saturating_add(memory_ms) >= now_ms);
+        if self.trails.is_empty() {
+            self.since_new_group = 0;
+        }
+    }
+}
+
+/// Sends `members` of a group, each to the replica furthest below its part of the members seen.
+fn route(trail: &mut Trail, members: usize, fleet: &Fleet<'_>) -> Vec<usize> {
+    let seen = trail.seen as f64;
+    (0..members)
+        .map(|_| {
+            let best = trail
+                .shares
+                .iter()
+                .enumerate()
+                .filter_map(|(k, s)| fleet.position(&s.replica).map(|r| (k, r, s)))
+                .max_by(|(_, a, x), (_, b, y)| {
+                    (x.part * seen - x.sent as f64)
+                        .total_cmp(&(y.part * seen - y.sent as f64))
+                        .then_with(|| fleet.order(*b, *a))
+                })
+                .map(|(k, r, _)| (k, r));
+            match best {
+                Some((k, r)) => {
+                    trail.shares[k].sent += 1;
+                    r
+                }
+                None => {
+                    // Every part is on a replica gone from the candidates: start afresh.
+                    let r = fleet.least_planned();
+                    trail.shares.clear();
+                    trail.shares.push(Share {
+                        replica: fleet.replicas[r].id.into(),
+                        part: 1.0,
+                        sent: 1,
+                    });
+                    r
+                }
+            }
+        })
+        .collect()
+}
+
+/// The replicas with the load the plan means each to get.
+struct Fleet<'a> {
+    replicas: &'a [Replica<'a>],
+    /// Planned load per replica: what it carries besides the remembered groups, plus each
+    /// group's estimated size (times a member's weight) times its part there.
+    planned: Vec<f64>,
+    /// The level a balanced plan brings the replicas to (those already above it excepted).
+    mean: f64,
+    ceiling: f64,
+    /// One member's weight, in the units of `planned`.
+    per_member: f64,
+}
+
+impl<'a> Fleet<'a> {
+    fn new(replicas: &'a [Replica<'a>]) -> Self {
+        Fleet {
+            replicas,
+            planned: vec![0.0; replicas.len()],
+            mean: 0.0,
+            ceiling: 0.0,
+            per_member: 1.0,
+        }
+    }
+
+    /// Sets the level `total` more load brings the least loaded replicas up to, over `base`,
+    /// and the ceiling above it; `per_member` is one member's weight.
+    fn set_level(&mut self, base: &[f64], total: f64, per_member: f64) {
+        let mut sorted = base.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let mut below = 0.0;
+        self.mean = sorted.first().copied().unwrap_or(0.0) + total;
+        for (k, &load) in sorted.iter().enumerate() {
+            below += load;
+            // The level if the k + 1 least loaded replicas share the load.
+            self.mean = (total + below) / (k + 1) as f64;
+            if sorted.get(k + 1).is_none_or(|&next| self.mean <= next) {
+                break;
+            }
+        }
+        self.ceiling = self.mean + (ALLOWANCE / 2.0 * self.mean).max(per_member);
+        self.per_member = per_member;
+    }
+
+    fn position(&self, id: &str) -> Option<usize> {
+        self.replicas.iter().position(|r| r.id == id)
+    }
+
+    /// Orders replicas by planned load, then by carried load and id.
+    fn order(&self, a: usize, b: usize) -> std::cmp::Ordering {
+        self.planned[a]
+            .total_cmp(&self.planned[b])
+            .then_with(|| {
+                self.replicas[a]
+                    .running_requests
+                    .cmp(&self.replicas[b].running_requests)
+            })
+            .then_with(|| self.replicas[a].id.cmp(self.replicas[b].id))
+    }
+
+    fn least_planned(&self) -> usize {
+        (0..self.replicas.len())
+            .min_by(|&a, &b| self.order(a, b))
+            .unwrap_or(0)
+    }
+
+    fn most_planned(&self) -> Option<usize> {
+        (0..self.replicas.len()).max_by(|&a, &b| self.order(a, b))
+    }
+}
+
+/// Final group sizes predicted from the members seen so far (see the module docs).
+struct SizeEstimate {
+    mean: f64,
+    /// How much of a count's distance from the mean is kept (0: all groups predicted equal).
+    kept: f64,
+}
+
+impl SizeEstimate {
+    fn of(counts: impl Iterator<Item = usize> + Clone) -> Self {
+        let n = counts.clone().count();
+        if n == 0 {
+            return SizeEstimate {
+                mean: 0.0,
+                kept: 1.0,
+            };
+        }
+        let mean = counts.clone().sum::<usize>() as f64 / n as f64;
+        let variance = counts.map(|c| (c as f64 - mean).powi(2)).sum::<f64>() / n as f64;
+        let kept = if variance > mean {
+            (variance - mean) / variance
+        } else {
+            0.0
+        };
+        SizeEstimate { mean, kept }
+    }
+
+    fn size(&self, seen: usize) -> f64 {
+        let seen = seen as f64;
+        self.mean + self.kept * (seen - self.mean)
+    }
+}
+
+#[cfg(test)]
+mod tests;

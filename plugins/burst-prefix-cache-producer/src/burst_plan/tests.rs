@@ -1,0 +1,137 @@
+//! The plan on bursts cut into windows at random: the placement bound and the balance bound
+//! hold per burst, not per window.
+
+use super::*;
+use std::collections::BTreeSet;
+
+/// Groups of `sizes` members arriving in a random order, cut into windows of 1..=`max_window`
+/// requests; returns the requests per replica and the (group, replica) placements.
+fn burst_over_windows(
+    plan: &mut BurstPlan,
+    now: &mut u64,
+    sizes: &[usize],
+    replicas: usize,
+    seed: u64,
+    max_window: u64,
+) -> (Vec<usize>, usize) {
+    let mut next = switchyard_plugin_api::testing::numbers(seed);
+    let mut arrivals: Vec<usize> = sizes
+        .iter()
+        .enumerate()
+        .flat_map(|(g, &size)| std::iter::repeat_n(g, size))
+        .collect();
+    for i in (1..arrivals.len()).rev() {
+        arrivals.swap(i, next(i as u64 + 1) as usize);
+    }
+    let ids: Vec<String> = (0..replicas).map(|r| format!("/r{r:02}")).collect();
+    let views: Vec<Replica<'_>> = ids
+        .iter()
+        .map(|id| Replica {
+            id,
+            running_requests: 0,
+        })
+        .collect();
+    let mut load = vec![0usize; replicas];
+    let mut pairs = BTreeSet::new();
+    let mut at = 0;
+    while at < arrivals.len() {
+        let size = (1 + next(max_window) as usize).min(arrivals.len() - at);
+        let window = &arrivals[at..at + size];
+        at += size;
+        *now += 1;
+        let mut members: Vec<(usize, usize)> = Vec::new();
+        for &g in window {
+            match members.iter_mut().find(|(group, _)| *group == g) {
+                Some((_, count)) => *count += 1,
+                None => members.push((g, 1)),
+            }
+        }
+        let groups: Vec<WindowGroup<'_>> = members
+            .iter()
+            .map(|&(g, count)| WindowGroup {
+                key: GroupKey {
+                    blocks: 4,
+                    first: seed,
+                    last: g as u64,
+                },
+                members: count,
+                weight: 1.0,
+                cached_on: &[],
+            })
+            .collect();
+        let placed = plan.place(*now, &groups, &views);
+        for (&(g, count), targets) in members.iter().zip(&placed) {
+            assert_eq!(targets.len(), count);
+            for &r in targets {
+                load[r] += 1;
+                pairs.insert((g, r));
+            }
+        }
+    }
+    (load, pairs.len())
+}
+
+/// Every shape, over windows of 1..=`max_window`, 20 arrival orders: the mean and worst
+/// placements, and the worst deviation of a replica from its fair share.
+fn measure(sizes: &[usize], max_window: u64) -> (f64, usize, f64) {
+    let fair = sizes.iter().sum::<usize>() as f64 / 8.0;
+    let (mut total, mut worst, mut deviation) = (0, 0, 0.0f64);
+    for seed in 1..=20 {
+        let mut plan = BurstPlan::new(2000);
+        let (load, pairs) = burst_over_windows(&mut plan, &mut 0, sizes, 8, seed, max_window);
+        assert_eq!(load.iter().sum::<usize>(), sizes.iter().sum::<usize>());
+        total += pairs;
+        worst = worst.max(pairs);
+        for &l in &load {
+            deviation = deviation.max((l as f64 - fair).abs() / fair);
+        }
+    }
+    (total as f64 / 20.0, worst, deviation)
+}
+
+const UNEQUAL: [usize; 12] = [8, 96, 24, 64, 40, 16, 72, 32, 56, 48, 12, 44];
+
+#[test]
+fn equal_groups_land_whole_however_the_burst_is_cut() {
+    for max_window in [3, 10, 40, 100, 200] {
+        let (mean, worst, deviation) = measure(&[16; 32], max_window);
+        assert_eq!((mean, worst), (32.0, 32), "windows of 1..={max_window}");
+        assert_eq!(deviation, 0.0, "windows of 1..={max_window}");
+    }
+    // One request per window: a group can get its second member before every replica has a
+    // group, and a few orders split one.
+    let (mean, worst, deviation) = measure(&[16; 32], 1);
+    assert!(
+        mean < 33.0 && worst < 39 && deviation <= 0.1,
+        "{mean} {worst} {deviation}"
+    );
+}
+
+#[test]
+fn groups_larger_than_a_share_split_about_once_per_replica_they_need() {
+    // 4 groups of 128 over 8 replicas: the least is 8 placements (P + R - 1 = 11).
+    for max_window in [10, 40, 100, 200] {
+        let (mean, _, deviation) = measure(&[128; 4], max_window);
+        assert!(
+            mean <= 11.0,
+            "windows of 1..={max_window}: {mean} placements"
+        );
+        assert!(deviation <= 0.1, "windows of 1..={max_window}: {deviation}");
+    }
+}
+
+#[test]
+fn unequal_groups_stay_near_the_placement_bound_in_windows_of_tens() {
+    // P + R - 1 = 19 when the whole burst is known at once.
+    for (max_window, most) in [(40, 30.0), (100, 25.0), (200, 22.0)] {
+        let (mean, _, deviation) = measure(&UNEQUAL, max_window);
+        assert!(
+            mean <= most,
+            "windows of 1..={max_window}: {mean} placements"
+        );
+        assert!(
+            deviation <= 0.15,
+            "windows of 1..={max_window}: {deviation}"
+        );
+    }
+}
