@@ -138,7 +138,8 @@ enum Command {
         /// Built-in workload: rl-rollout, shared-prefix or multi-turn.
         #[arg(long, default_value = "rl-rollout")]
         workload: String,
-        /// Workload parameter override, `name=value` with the camelCase name (repeatable).
+        /// Workload parameter override, `name=value` with the camelCase name (repeatable); with
+        /// --trace, only seed, arrivalSpreadMs and arrivalJitterMs.
         #[arg(long = "set", value_name = "NAME=VALUE")]
         overrides: Vec<String>,
         /// Replay a JSONL trace instead of a built-in workload.
@@ -444,42 +445,39 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
         ),
         None => sim::default_memory_limit(),
     };
+    let mut overrides = serde_json::Map::new();
+    for entry in &args.overrides {
+        let (name, value) = entry
+            .split_once('=')
+            .ok_or_else(|| format!("--set {entry}: expected NAME=VALUE"))?;
+        let value = serde_json::from_str(value)
+            .unwrap_or_else(|_| serde_json::Value::String(value.to_string()));
+        if overrides.insert(name.to_string(), value).is_some() {
+            return Err(format!(
+                "--set {name} is given twice; keep the one you mean"
+            ));
+        }
+    }
+    let overrides = serde_json::Value::Object(overrides);
     // A trace is read line by line and its requests kept for every router; a built-in
     // workload is generated afresh for each router.
     let (label, source) = match &args.trace {
-        Some(path) if !args.overrides.is_empty() => {
-            return Err(format!(
-                "--set {} changes a built-in workload, but --trace {} is replayed as written; \
-                 drop one of them",
-                args.overrides[0],
-                path.display()
-            ))
-        }
-        Some(path) => (
-            format!("trace {}", path.display()),
-            Requests::Trace(sim::read_trace(path).map_err(|e| match e {
+        Some(path) => {
+            let params = sim::TraceParams::from_overrides(overrides).map_err(|e| e.to_string())?;
+            let requests = sim::read_trace(path).map_err(|e| match e {
                 sim::TraceError::Line { line, message } => {
                     format!("{}:{line}: {message}", path.display())
                 }
                 other => other.to_string(),
-            })?),
-        ),
+            })?;
+            (
+                format!("trace {}", path.display()),
+                Requests::Trace(params.deliver(requests)),
+            )
+        }
         None => {
-            let mut object = serde_json::Map::new();
-            for entry in &args.overrides {
-                let (name, value) = entry
-                    .split_once('=')
-                    .ok_or_else(|| format!("--set {entry}: expected NAME=VALUE"))?;
-                let value = serde_json::from_str(value)
-                    .unwrap_or_else(|_| serde_json::Value::String(value.to_string()));
-                if object.insert(name.to_string(), value).is_some() {
-                    return Err(format!(
-                        "--set {name} is given twice; keep the one you mean"
-                    ));
-                }
-            }
-            let workload = Workload::from_name(&args.workload, serde_json::Value::Object(object))
-                .map_err(|e| e.to_string())?;
+            let workload =
+                Workload::from_name(&args.workload, overrides).map_err(|e| e.to_string())?;
             workload
                 .check_memory(memory_limit, limit_source)
                 .map_err(|e| e.to_string())?;

@@ -26,6 +26,6 @@ pub use router::{
     Decision, LeastInFlight, ReplicaState, RoundRobin, SimRequest, SimRouter, Tokens,
 };
 pub use workload::{
-    default_memory_limit, format_bytes, parse_bytes, parse_trace, read_trace, TraceError, Workload,
-    WorkloadError,
+    default_memory_limit, format_bytes, parse_bytes, parse_trace, read_trace, TraceError,
+    TraceParams, Workload, WorkloadError,
 };

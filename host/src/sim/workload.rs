@@ -3,8 +3,11 @@
 //!
 //! Every generator is open-loop: arrival times are fixed by the parameters and the seed, not by
 //! how fast the simulated fleet answers, so every pipeline sees exactly the same requests at
-//! exactly the same times. Generated requests are ordered by arrival and numbered from 0.
+//! exactly the same times. Generators send requests at nominal times and the client arrival
+//! model ([`arrivals`]) delays them to the times they reach the router; requests are ordered
+//! by those times and numbered from 0.
 
+pub mod arrivals;
 mod multi_turn;
 mod rl_rollout;
 mod shared_prefix;
@@ -13,7 +16,7 @@ mod trace;
 pub use multi_turn::MultiTurnParams;
 pub use rl_rollout::RlRolloutParams;
 pub use shared_prefix::SharedPrefixParams;
-pub use trace::{parse_trace, prompt_to_tokens, read_trace, TraceError};
+pub use trace::{parse_trace, prompt_to_tokens, read_trace, TraceError, TraceParams};
 
 use super::config::ParamError;
 use super::router::SimRequest;
@@ -95,9 +98,9 @@ impl Workload {
             overrides
         };
         let workload = match name {
-            "rl-rollout" => Workload::RlRollout(decode(name, overrides)?),
-            "shared-prefix" => Workload::SharedPrefix(decode(name, overrides)?),
-            "multi-turn" => Workload::MultiTurn(decode(name, overrides)?),
+            "rl-rollout" => Workload::RlRollout(decode(Self::NAMES[0], overrides)?),
+            "shared-prefix" => Workload::SharedPrefix(decode(Self::NAMES[1], overrides)?),
+            "multi-turn" => Workload::MultiTurn(decode(Self::NAMES[2], overrides)?),
             _ => return Err(WorkloadError::UnknownName(name.to_string())),
         };
         workload
@@ -154,12 +157,13 @@ impl Workload {
     /// the parameters alone so that a run too large to fit is refused before anything is
     /// allocated. It counts, per request, what the simulator keeps for the report; per
     /// distinct full block of 16 tokens, its hash in the simulator and in the ideal-prefill
-    /// count; the token buffers a generator holds at once; and a copy of the prompts of the
-    /// requests in flight together (one RL step, or, when a step's prefill on the default
-    /// fleet outlasts `stepIntervalMs`, the steps piling up;
-    /// one prompt per session; for Poisson arrivals, a fleet's worth of batches), which a
-    /// pipeline holds while they are in flight. A fleet falling far behind its arrivals holds
-    /// more.
+    /// count; the token buffers a generator holds at once (two RL steps' prompts, or the
+    /// prompts of the steps the client's spread overlaps; for Poisson arrivals, the requests
+    /// held over the spread); and a copy of the prompts of the requests in flight together
+    /// (one RL step, or, when a step's prefill on the default fleet outlasts
+    /// `stepIntervalMs`, the steps piling up; one prompt per session; for Poisson arrivals, a
+    /// fleet's worth of batches), which a pipeline holds while they are in flight. A fleet
+    /// falling far behind its arrivals holds more.
     pub fn memory_estimate(&self) -> u64 {
         const PER_REQUEST: f64 = 256.0;
         const PER_BLOCK: f64 = 40.0;
@@ -170,6 +174,9 @@ impl Workload {
         /// Requests assumed in flight at once under Poisson arrivals.
         const POISSON_IN_FLIGHT: f64 = 4096.0;
         let mean = |min: u32, max: u32| (f64::from(min) + f64::from(max)) / 2.0;
+        // How long the client model may hold a request back: its spread and, practically,
+        // all of its exponential jitter.
+        let held_ms = |spread: f64, jitter: f64| spread + 20.0 * jitter;
         let n = self.len() as f64;
         let bytes = match self {
             Workload::RlRollout(p) => {
@@ -188,18 +195,31 @@ impl Workload {
                 } else {
                     n * (1.0 - p.step_interval_ms / step_work_ms)
                 };
+                // Steps whose sending overlaps are held together.
+                let held = held_ms(p.arrival_spread_ms, p.arrival_jitter_ms);
+                let overlapping = if p.step_interval_ms > 0.0 {
+                    (2.0 + held / p.step_interval_ms).min(f64::from(p.steps))
+                } else {
+                    f64::from(p.steps)
+                };
+                let together = together.max(per_step * (overlapping - 1.0).max(1.0)).min(n);
                 n * PER_REQUEST
                     + distinct / BLOCK * PER_BLOCK
-                    + f64::from(p.prompts) * prompt * PER_TOKEN
+                    + overlapping * f64::from(p.prompts) * prompt * PER_TOKEN
                     + together * prompt * IN_FLIGHT_PER_TOKEN
             }
             Workload::SharedPrefix(p) => {
                 let system = f64::from(p.system_prompt_tokens);
                 let prompt = system + f64::from(p.question_tokens);
                 let distinct = f64::from(p.groups) * system + n * f64::from(p.question_tokens);
+                let held = (1.0
+                    + p.requests_per_second * held_ms(p.arrival_spread_ms, p.arrival_jitter_ms)
+                        / 1000.0)
+                    .min(n);
                 n * PER_REQUEST
                     + (n * prompt / BLOCK * 8.0 + distinct / BLOCK * (PER_BLOCK - 8.0))
                     + f64::from(p.groups) * system * PER_TOKEN
+                    + held * prompt * PER_TOKEN
                     + n.min(POISSON_IN_FLIGHT) * prompt * IN_FLIGHT_PER_TOKEN
             }
             Workload::MultiTurn(p) => {
@@ -253,15 +273,31 @@ impl Workload {
     }
 }
 
+impl TraceParams {
+    /// Name of the trace's parameter set in errors.
+    pub const NAME: &'static str = "trace";
+
+    /// The parameters with `overrides` (a JSON object of camelCase parameters, `null` for
+    /// none) decoded over their defaults and validated.
+    pub fn from_overrides(overrides: serde_json::Value) -> Result<Self, WorkloadError> {
+        let overrides = if overrides.is_null() {
+            serde_json::Value::Object(serde_json::Map::new())
+        } else {
+            overrides
+        };
+        let params: TraceParams = decode(Self::NAME, overrides)?;
+        params.validate().map_err(|source| WorkloadError::Invalid {
+            workload: Self::NAME,
+            source,
+        })?;
+        Ok(params)
+    }
+}
+
 fn decode<T: serde::de::DeserializeOwned>(
-    name: &str,
+    workload: &'static str,
     overrides: serde_json::Value,
 ) -> Result<T, WorkloadError> {
-    let workload = Workload::NAMES
-        .iter()
-        .find(|n| **n == name)
-        .copied()
-        .unwrap_or("?");
     serde_json::from_value(overrides.clone()).map_err(|source| {
         let unknown = overrides
             .as_object()
@@ -327,13 +363,16 @@ const PARAMETERS: &[&str] = &[
     "thinkTimeMs",
     "requestsPerSecond",
     "sessionsPerSecond",
+    "arrivalSpreadMs",
+    "arrivalJitterMs",
 ];
 
 /// What a workload parameter takes, as documented (`None` for an unknown name).
 fn valid_values(workload: &str, key: &str) -> Option<&'static str> {
     let common = match key {
         "seed" => Some("an integer in 0..=18446744073709551615"),
-        "model" | "cacheSalt" => Some("a string"),
+        "model" | "cacheSalt" if workload != TraceParams::NAME => Some("a string"),
+        "arrivalSpreadMs" | "arrivalJitterMs" => Some("a number in 0..=1e9"),
         _ => None,
     };
     let specific = match (workload, key) {

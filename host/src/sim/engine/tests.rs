@@ -490,9 +490,12 @@ fn same_seed_gives_identical_reports() {
 #[test]
 fn rl_step_prefills_match_the_analytic_burst_model() {
     // One default step (32 prompts × 16 samples) on 8 replicas: spreading a group's 16
-    // samples prefills its prompt min(n, R) = 8 times; co-locating it, once.
+    // samples prefills its prompt min(n, R) = 8 times; co-locating it, once. The model is
+    // of a burst arriving at once: a spread arrival lets late samples find the prompt cached.
     let workload = RlRolloutParams {
         steps: 1,
+        arrival_spread_ms: 0.0,
+        arrival_jitter_ms: 0.0,
         ..RlRolloutParams::default()
     }
     .generate();

@@ -1,6 +1,7 @@
 //! Multi-turn sessions: each turn's prompt is the previous prompt, the previous answer and a
 //! new user message.
 
+use super::arrivals::{check_arrival_params, Delays, DEFAULT_JITTER_MS, DEFAULT_SPREAD_MS};
 use super::{check_order, exponential, number_by_arrival, push_random_tokens};
 use crate::sim::config::{check_float, check_range, ParamError};
 use crate::sim::router::{SimRequest, Tokens};
@@ -16,9 +17,14 @@ use std::sync::Arc;
 /// `t + 1`'s prompt is turn `t`'s prompt, then turn `t`'s answer (as many random tokens as its
 /// `output_tokens`), then a new user message. User messages are uniform in
 /// `userTokensMin..=userTokensMax` tokens, answers in `outputTokensMin..=outputTokensMax`.
-/// Turn `t + 1` arrives a think time after turn `t` *arrived* (open loop), uniform in
+/// Turn `t + 1` is sent a think time after turn `t` *was sent* (open loop), uniform in
 /// `[0.5, 1.5] × thinkTimeMs`; the default is long enough for a turn to finish on an unloaded
 /// fleet. All turns of session `s` carry the group tag `s`.
+///
+/// Each turn is its own burst for the client arrival model ([`super::arrivals`]; the turns of
+/// a session are one burst when `thinkTimeMs` is 0): it reaches the router up to
+/// `arrivalSpreadMs` after the time above, plus `arrivalJitterMs` of jitter, but never before
+/// the previous turn of its session.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct MultiTurnParams {
@@ -44,6 +50,10 @@ pub struct MultiTurnParams {
     pub think_time_ms: f64,
     /// Mean session start rate (> 0, ≤ 1e6).
     pub sessions_per_second: f64,
+    /// Time the client takes to send one turn, ms (0..=1e9).
+    pub arrival_spread_ms: f64,
+    /// Mean of each request's exponential jitter, ms (0..=1e9).
+    pub arrival_jitter_ms: f64,
 }
 
 impl Default for MultiTurnParams {
@@ -61,6 +71,8 @@ impl Default for MultiTurnParams {
             output_tokens_max: 512,
             think_time_ms: 30_000.0,
             sessions_per_second: 1.0,
+            arrival_spread_ms: DEFAULT_SPREAD_MS,
+            arrival_jitter_ms: DEFAULT_JITTER_MS,
         }
     }
 }
@@ -112,7 +124,7 @@ impl MultiTurnParams {
                 ),
             ));
         }
-        Ok(())
+        check_arrival_params(self.arrival_spread_ms, self.arrival_jitter_ms)
     }
 
     /// Requests in the workload.
@@ -125,6 +137,7 @@ impl MultiTurnParams {
     /// and all turns of a session share that one buffer.
     pub fn generate(&self) -> Vec<SimRequest> {
         let mut rng = SmallRng::seed_from_u64(self.seed);
+        let mut delays = Delays::new(self.seed, self.arrival_spread_ms, self.arrival_jitter_ms);
         let mean_start_gap_ms = 1000.0 / self.sessions_per_second;
         let mut requests = Vec::with_capacity(self.request_count());
         // (arrival, prompt length, output tokens) of the current session's turns.
@@ -150,6 +163,18 @@ impl MultiTurnParams {
                     rng.random_range(self.output_tokens_min..=self.output_tokens_max);
                 turns.push((arrival_ms, prompt.len(), output_tokens));
                 previous_answer = output_tokens;
+            }
+            let mut previous = 0.0;
+            let mut t = 0;
+            while t < turns.len() {
+                let at = turns[t].0;
+                let burst = turns[t..].iter().take_while(|turn| turn.0 == at).count();
+                delays.start_burst(burst);
+                for turn in &mut turns[t..t + burst] {
+                    turn.0 = f64::max(turn.0 + delays.next_delay(), previous);
+                    previous = turn.0;
+                }
+                t += burst;
             }
             let buf: Arc<[u32]> = prompt.into();
             for &(arrival_ms, len, output_tokens) in &turns {

@@ -1,6 +1,9 @@
 //! RL rollout bursts: every step, `prompts` fresh prompts each sampled `samples` times, all
-//! arriving at the step's start; steps start every `stepIntervalMs`.
+//! sent at the step's start; steps start every `stepIntervalMs`.
 
+use super::arrivals::{
+    check_arrival_params, Arrivals, Delays, DEFAULT_JITTER_MS, DEFAULT_SPREAD_MS,
+};
 use super::{check_order, push_random_tokens};
 use crate::sim::config::{check_float, check_range, ParamError};
 use crate::sim::router::{SimRequest, Tokens};
@@ -11,8 +14,10 @@ use std::sync::Arc;
 
 /// Parameters of the `rl-rollout` workload.
 ///
-/// Step `s` (from 0) arrives at `s × stepIntervalMs`, a fixed schedule: a step does not wait
-/// for the previous one to finish, so a slow pipeline sees steps overlap. Each prompt's length
+/// Step `s` (from 0) is sent at `s × stepIntervalMs`, a fixed schedule: a step does not wait
+/// for the previous one to finish, so a slow pipeline sees steps overlap. The client spreads
+/// each step over `arrivalSpreadMs` in the order below, with `arrivalJitterMs` of jitter (see
+/// [`super::arrivals`]); steps under `stepIntervalMs = 0` are one burst. Each prompt's length
 /// is uniform in `promptTokensMin..=promptTokensMax`; each sample's output length is uniform in
 /// `outputTokensMin..=outputTokensMax`. The samples of one prompt carry identical tokens, the
 /// group tag `s × prompts + p` and the step tag `s`. Within a step the requests arrive prompt
@@ -44,6 +49,10 @@ pub struct RlRolloutParams {
     pub output_tokens_max: u32,
     /// Arrival order within a step: sample rounds instead of prompt by prompt.
     pub interleaved: bool,
+    /// Time the client takes to send one step, ms (0..=1e9).
+    pub arrival_spread_ms: f64,
+    /// Mean of each request's exponential jitter, ms (0..=1e9).
+    pub arrival_jitter_ms: f64,
 }
 
 impl Default for RlRolloutParams {
@@ -61,6 +70,8 @@ impl Default for RlRolloutParams {
             output_tokens_min: 128,
             output_tokens_max: 512,
             interleaved: false,
+            arrival_spread_ms: DEFAULT_SPREAD_MS,
+            arrival_jitter_ms: DEFAULT_JITTER_MS,
         }
     }
 }
@@ -94,7 +105,7 @@ impl RlRolloutParams {
                 format!("prompts × samples × steps must be at most 10000000 (got {total})"),
             ));
         }
-        Ok(())
+        check_arrival_params(self.arrival_spread_ms, self.arrival_jitter_ms)
     }
 
     /// Requests in the workload.
@@ -102,17 +113,19 @@ impl RlRolloutParams {
         self.prompts as usize * self.samples as usize * self.steps as usize
     }
 
-    /// The requests, in arrival order, generated one step at a time: only the current step's
-    /// prompts are held, and each prompt's samples share its tokens.
-    pub fn requests(&self) -> RlRolloutRequests<'_> {
-        RlRolloutRequests {
+    /// The requests, in arrival order, numbered from 0, generated one step at a time: only
+    /// the prompts of the steps whose requests are being sent are held, and each prompt's
+    /// samples share its tokens.
+    pub fn requests(&self) -> Arrivals<RlRolloutNominal<'_>> {
+        let nominal = RlRolloutNominal {
             params: self,
             rng: SmallRng::seed_from_u64(self.seed),
             step: 0,
             k: 0,
             prompts: Vec::with_capacity(self.prompts as usize),
-            next_id: 0,
-        }
+        };
+        let delays = Delays::new(self.seed, self.arrival_spread_ms, self.arrival_jitter_ms);
+        Arrivals::new(nominal, delays)
     }
 
     pub fn generate(&self) -> Vec<SimRequest> {
@@ -120,12 +133,10 @@ impl RlRolloutParams {
     }
 }
 
-/// The requests of an [`RlRolloutParams`] workload, made as they are asked for.
-///
-/// Steps arrive at nondecreasing times (`s × stepIntervalMs` with a non-negative interval) and
-/// the requests of one step at the same time, so generation order is arrival order and
-/// requests are numbered as they are made.
-pub struct RlRolloutRequests<'a> {
+/// The requests of an [`RlRolloutParams`] workload at their nominal times, made as they are
+/// asked for: steps at nondecreasing times (`s × stepIntervalMs` with a non-negative
+/// interval), the requests of one step at the same time.
+pub struct RlRolloutNominal<'a> {
     params: &'a RlRolloutParams,
     rng: SmallRng,
     step: u32,
@@ -133,10 +144,9 @@ pub struct RlRolloutRequests<'a> {
     k: u32,
     /// The current step's prompts; empty before the step's first request.
     prompts: Vec<Arc<[u32]>>,
-    next_id: u64,
 }
 
-impl Iterator for RlRolloutRequests<'_> {
+impl Iterator for RlRolloutNominal<'_> {
     type Item = SimRequest;
 
     fn next(&mut self) -> Option<SimRequest> {
@@ -168,10 +178,9 @@ impl Iterator for RlRolloutRequests<'_> {
             (k / p.samples, k % p.samples)
         };
         let buf = &self.prompts[prompt as usize];
-        let id = self.next_id;
-        self.next_id += 1;
         Some(SimRequest {
-            id,
+            // Numbered by arrival in `Arrivals`.
+            id: 0,
             arrival_ms: f64::from(self.step) * p.step_interval_ms,
             model: p.model.clone(),
             cache_salt: p.cache_salt.clone(),

@@ -1,6 +1,9 @@
 //! Shared-prefix groups: `groups` system prompts, each followed by `promptsPerGroup` distinct
-//! questions, arriving in random order as a Poisson process.
+//! questions, sent in random order as a Poisson process.
 
+use super::arrivals::{
+    check_arrival_params, Arrivals, Delays, DEFAULT_JITTER_MS, DEFAULT_SPREAD_MS,
+};
 use super::{exponential, push_random_tokens};
 use crate::sim::config::{check_float, check_range, ParamError};
 use crate::sim::router::SimRequest;
@@ -13,8 +16,10 @@ use serde::Deserialize;
 ///
 /// Prompt `(g, q)` is group `g`'s system prompt (`systemPromptTokens` tokens, identical within
 /// the group) followed by its own question (`questionTokens` tokens); it carries the group tag
-/// `g`. The `groups × promptsPerGroup` prompts are shuffled and arrive as a Poisson process at
-/// `requestsPerSecond`, the first at 0 ms.
+/// `g`. The `groups × promptsPerGroup` prompts are shuffled and sent as a Poisson process at
+/// `requestsPerSecond`, the first at 0 ms. Each request is its own burst for the client
+/// arrival model ([`super::arrivals`]): it reaches the router up to `arrivalSpreadMs` late,
+/// plus `arrivalJitterMs` of jitter.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct SharedPrefixParams {
@@ -34,6 +39,10 @@ pub struct SharedPrefixParams {
     pub output_tokens: u32,
     /// Mean arrival rate (> 0, ≤ 1e6).
     pub requests_per_second: f64,
+    /// Time the client takes to send one request, ms (0..=1e9).
+    pub arrival_spread_ms: f64,
+    /// Mean of each request's exponential jitter, ms (0..=1e9).
+    pub arrival_jitter_ms: f64,
 }
 
 impl Default for SharedPrefixParams {
@@ -48,6 +57,8 @@ impl Default for SharedPrefixParams {
             question_tokens: 128,
             output_tokens: 256,
             requests_per_second: 16.0,
+            arrival_spread_ms: DEFAULT_SPREAD_MS,
+            arrival_jitter_ms: DEFAULT_JITTER_MS,
         }
     }
 }
@@ -84,7 +95,7 @@ impl SharedPrefixParams {
                 format!("groups × promptsPerGroup must be at most 10000000 (got {total})"),
             ));
         }
-        Ok(())
+        check_arrival_params(self.arrival_spread_ms, self.arrival_jitter_ms)
     }
 
     /// Requests in the workload.
@@ -92,9 +103,9 @@ impl SharedPrefixParams {
         self.groups as usize * self.prompts_per_group as usize
     }
 
-    /// The requests, in arrival order, each made when asked for: the system prompts and the
-    /// shuffled order are drawn first, then each request's gap and question.
-    pub fn requests(&self) -> SharedPrefixRequests<'_> {
+    /// The requests, in arrival order, numbered from 0, each made when asked for: the system
+    /// prompts and the shuffled order are drawn first, then each request's gap and question.
+    pub fn requests(&self) -> Arrivals<SharedPrefixNominal<'_>> {
         let mut rng = SmallRng::seed_from_u64(self.seed);
         let mut order: Vec<(u32, u32)> = (0..self.groups)
             .flat_map(|g| (0..self.prompts_per_group).map(move |q| (g, q)))
@@ -106,14 +117,16 @@ impl SharedPrefixParams {
             systems.push(tokens);
         }
         order.shuffle(&mut rng);
-        SharedPrefixRequests {
+        let nominal = SharedPrefixNominal {
             params: self,
             rng,
             order,
             systems,
             next: 0,
             now: 0.0,
-        }
+        };
+        let delays = Delays::new(self.seed, self.arrival_spread_ms, self.arrival_jitter_ms);
+        Arrivals::new(nominal, delays)
     }
 
     pub fn generate(&self) -> Vec<SimRequest> {
@@ -121,11 +134,9 @@ impl SharedPrefixParams {
     }
 }
 
-/// The requests of a [`SharedPrefixParams`] workload, made as they are asked for.
-///
-/// Arrival gaps are non-negative, so generation order is arrival order and requests are
-/// numbered as they are made.
-pub struct SharedPrefixRequests<'a> {
+/// The requests of a [`SharedPrefixParams`] workload at their nominal times (non-negative
+/// gaps apart), made as they are asked for.
+pub struct SharedPrefixNominal<'a> {
     params: &'a SharedPrefixParams,
     rng: SmallRng,
     order: Vec<(u32, u32)>,
@@ -134,7 +145,7 @@ pub struct SharedPrefixRequests<'a> {
     now: f64,
 }
 
-impl Iterator for SharedPrefixRequests<'_> {
+impl Iterator for SharedPrefixNominal<'_> {
     type Item = SimRequest;
 
     fn next(&mut self) -> Option<SimRequest> {
@@ -150,7 +161,8 @@ impl Iterator for SharedPrefixRequests<'_> {
         tokens.extend_from_slice(system);
         push_random_tokens(&mut self.rng, p.question_tokens, &mut tokens);
         Some(SimRequest {
-            id: i as u64,
+            // Numbered by arrival in `Arrivals`.
+            id: 0,
             arrival_ms: self.now,
             model: p.model.clone(),
             cache_salt: p.cache_salt.clone(),

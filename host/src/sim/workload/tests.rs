@@ -11,6 +11,8 @@ fn small_rl() -> RlRolloutParams {
         prompt_tokens_max: 40,
         output_tokens_min: 5,
         output_tokens_max: 9,
+        arrival_spread_ms: 0.0,
+        arrival_jitter_ms: 0.0,
         ..RlRolloutParams::default()
     }
 }
@@ -21,15 +23,17 @@ fn rl_defaults_are_32_prompts_by_16_samples_over_4_steps() {
     assert_eq!((p.prompts, p.samples, p.steps), (32, 16, 4));
     assert_eq!((p.prompt_tokens_min, p.prompt_tokens_max), (1024, 4096));
     assert_eq!((p.output_tokens_min, p.output_tokens_max), (128, 512));
+    assert_eq!((p.arrival_spread_ms, p.arrival_jitter_ms), (30.0, 1.0));
     p.validate().unwrap();
     let w = p.generate();
     assert_eq!(w.len(), 32 * 16 * 4);
     for step in 0..4u32 {
         let in_step: Vec<_> = w.iter().filter(|r| r.step == Some(step)).collect();
         assert_eq!(in_step.len(), 512);
+        let start = f64::from(step) * 30_000.0;
         assert!(in_step
             .iter()
-            .all(|r| r.arrival_ms == f64::from(step) * 30_000.0));
+            .all(|r| (start..start + 30.0 + JITTER_BOUND).contains(&r.arrival_ms)));
     }
 }
 
@@ -133,6 +137,8 @@ fn shared_prefix_groups_share_exactly_the_system_prompt() {
         question_tokens: 8,
         output_tokens: 7,
         requests_per_second: 100.0,
+        arrival_spread_ms: 0.0,
+        arrival_jitter_ms: 0.0,
         ..SharedPrefixParams::default()
     };
     p.validate().unwrap();
@@ -182,6 +188,8 @@ fn multi_turn_prompts_extend_the_previous_turn() {
         output_tokens_min: 2,
         output_tokens_max: 5,
         think_time_ms: 1000.0,
+        arrival_spread_ms: 0.0,
+        arrival_jitter_ms: 0.0,
         ..MultiTurnParams::default()
     };
     p.validate().unwrap();
@@ -473,6 +481,7 @@ fn every_declared_parameter_is_known_and_an_unknown_one_lists_them() {
     ];
     for (workload, fields) in declared {
         assert!(fields.len() >= 5, "{workload}: {fields:?}");
+        assert!(fields.iter().any(|f| f == "arrivalSpreadMs"), "{workload}");
         for field in &fields {
             assert!(
                 valid_values(workload, field).is_some(),
@@ -490,4 +499,385 @@ fn every_declared_parameter_is_known_and_an_unknown_one_lists_them() {
             );
         }
     }
+}
+
+/// Beyond any exponential jitter of mean 1 ms these tests draw (probability e^-40 each).
+const JITTER_BOUND: f64 = 40.0;
+
+/// `(workload name, overrides)` of small instances of every generator, steps overlapping.
+fn small_workloads() -> Vec<(&'static str, serde_json::Value)> {
+    vec![
+        (
+            "rl-rollout",
+            json!({"prompts": 5, "samples": 8, "steps": 3, "stepIntervalMs": 1000,
+                   "promptTokensMin": 20, "promptTokensMax": 40}),
+        ),
+        (
+            "rl-rollout",
+            json!({"prompts": 3, "samples": 4, "steps": 4, "stepIntervalMs": 10,
+                   "interleaved": true, "promptTokensMin": 20, "promptTokensMax": 40}),
+        ),
+        (
+            "rl-rollout",
+            json!({"prompts": 2, "samples": 3, "steps": 3, "stepIntervalMs": 0,
+                   "promptTokensMin": 20, "promptTokensMax": 40}),
+        ),
+        (
+            "shared-prefix",
+            json!({"groups": 4, "promptsPerGroup": 10, "systemPromptTokens": 32,
+                   "requestsPerSecond": 200}),
+        ),
+        (
+            "multi-turn",
+            json!({"sessions": 5, "turns": 4, "thinkTimeMs": 20}),
+        ),
+        (
+            "multi-turn",
+            json!({"sessions": 3, "turns": 4, "thinkTimeMs": 0}),
+        ),
+    ]
+}
+
+fn with_arrivals(set: &serde_json::Value, spread: f64, jitter: f64) -> serde_json::Value {
+    let mut set = set.clone();
+    set["arrivalSpreadMs"] = json!(spread);
+    set["arrivalJitterMs"] = json!(jitter);
+    set
+}
+
+fn workload(name: &str, set: serde_json::Value) -> Workload {
+    Workload::from_name(name, set).unwrap()
+}
+
+/// A request without its arrival and id.
+fn content(r: &SimRequest) -> (u64, Vec<u32>, u32, Option<u32>) {
+    (r.group, r.tokens.to_vec(), r.output_tokens, r.step)
+}
+
+fn assert_numbered_in_arrival_order(requests: &[SimRequest], what: &str) {
+    for (i, r) in requests.iter().enumerate() {
+        assert_eq!(r.id, i as u64, "{what}");
+    }
+    assert!(
+        requests
+            .windows(2)
+            .all(|p| p[0].arrival_ms <= p[1].arrival_ms),
+        "{what}"
+    );
+}
+
+#[test]
+fn arrivals_fall_between_their_nominal_time_and_its_spread_and_jitter() {
+    for (name, set) in small_workloads() {
+        let nominal = workload(name, with_arrivals(&set, 0.0, 0.0)).generate();
+        let spread = workload(name, with_arrivals(&set, 30.0, 1.0)).generate();
+        let what = format!("{name} {set}");
+        assert_numbered_in_arrival_order(&spread, &what);
+        assert_eq!(spread.len(), nominal.len(), "{what}");
+        // The same requests: the arrival model changes no prompt, output or tag.
+        let mut a: Vec<_> = nominal.iter().map(content).collect();
+        let mut b: Vec<_> = spread.iter().map(content).collect();
+        a.sort();
+        b.sort();
+        assert!(a == b, "{what}: requests differ");
+        // Every copy of a request's content has one nominal time (samples share theirs).
+        let at: std::collections::HashMap<_, f64> =
+            nominal.iter().map(|r| (content(r), r.arrival_ms)).collect();
+        for r in &spread {
+            let t = at[&content(r)];
+            assert!(
+                (t..=t + 30.0 + JITTER_BOUND).contains(&r.arrival_ms),
+                "{what}: request {} nominal {t} arrived {}",
+                r.id,
+                r.arrival_ms
+            );
+        }
+        assert!(
+            spread
+                .iter()
+                .zip(&nominal)
+                .any(|(s, n)| s.arrival_ms != n.arrival_ms),
+            "{what}: nothing moved"
+        );
+        let streamed: Vec<_> = workload(name, with_arrivals(&set, 30.0, 1.0))
+            .requests()
+            .collect();
+        assert!(streamed == spread, "{what}");
+    }
+}
+
+#[test]
+fn a_burst_is_spread_over_the_window_in_the_generators_order() {
+    let step = |interleaved: bool, jitter: f64| {
+        let set = json!({"prompts": 32, "samples": 16, "steps": 1, "interleaved": interleaved,
+                         "promptTokensMin": 20, "promptTokensMax": 40});
+        workload("rl-rollout", with_arrivals(&set, 30.0, jitter)).generate()
+    };
+    for interleaved in [false, true] {
+        let nominal = {
+            let set = json!({"prompts": 32, "samples": 16, "steps": 1,
+                             "interleaved": interleaved,
+                             "promptTokensMin": 20, "promptTokensMax": 40});
+            workload("rl-rollout", with_arrivals(&set, 0.0, 0.0)).generate()
+        };
+        let spread = step(interleaved, 0.0);
+        let groups = |w: &[SimRequest]| w.iter().map(|r| r.group).collect::<Vec<_>>();
+        assert_eq!(groups(&spread), groups(&nominal));
+        let first = spread[0].arrival_ms;
+        let last = spread[spread.len() - 1].arrival_ms;
+        assert!(first < 1.0 && last > 29.0 && last < 30.0, "{first}..{last}");
+        let mean = spread.iter().map(|r| r.arrival_ms).sum::<f64>() / spread.len() as f64;
+        assert!((13.0..17.0).contains(&mean), "mean offset {mean}");
+        // Jitter on top swaps some neighbours, no more than a few milliseconds apart.
+        let jittered = step(interleaved, 1.0);
+        assert_ne!(groups(&jittered), groups(&nominal));
+        let mean_jitter =
+            jittered.iter().map(|r| r.arrival_ms).sum::<f64>() / jittered.len() as f64 - mean;
+        assert!(
+            (0.8..1.2).contains(&mean_jitter),
+            "mean jitter {mean_jitter}"
+        );
+    }
+}
+
+#[test]
+fn arrivals_are_the_same_for_a_seed_and_leave_the_prompts_alone() {
+    for (name, set) in small_workloads() {
+        let a = workload(name, set.clone()).generate();
+        let b = workload(name, set.clone()).generate();
+        assert!(a == b, "{name} {set}");
+        let mut other = set.clone();
+        other["seed"] = json!(2);
+        let c = workload(name, other).generate();
+        assert!(a != c, "{name} {set}");
+        // Another spread moves the requests, not their prompts.
+        let wider = workload(name, with_arrivals(&set, 50.0, 1.0)).generate();
+        let mut x: Vec<_> = a.iter().map(content).collect();
+        let mut y: Vec<_> = wider.iter().map(content).collect();
+        x.sort();
+        y.sort();
+        assert!(x == y, "{name} {set}");
+    }
+}
+
+/// A digest of requests, ids and arrival bits included.
+fn fingerprint(requests: &[SimRequest]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut mix = |v: u64| {
+        h ^= v;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    };
+    for r in requests {
+        mix(r.id);
+        mix(r.arrival_ms.to_bits());
+        mix(r.group);
+        mix(u64::from(r.output_tokens));
+        mix(r.step.map_or(u64::MAX, u64::from));
+        for &t in r.tokens.iter() {
+            mix(u64::from(t));
+        }
+    }
+    h
+}
+
+#[test]
+fn no_spread_and_no_jitter_give_the_nominal_arrivals_bit_for_bit() {
+    // Digests of what the generators made before the arrival model existed.
+    let zero = |w: Workload| match w {
+        Workload::RlRollout(p) => Workload::RlRollout(RlRolloutParams {
+            arrival_spread_ms: 0.0,
+            arrival_jitter_ms: 0.0,
+            ..p
+        }),
+        Workload::SharedPrefix(p) => Workload::SharedPrefix(SharedPrefixParams {
+            arrival_spread_ms: 0.0,
+            arrival_jitter_ms: 0.0,
+            ..p
+        }),
+        Workload::MultiTurn(p) => Workload::MultiTurn(MultiTurnParams {
+            arrival_spread_ms: 0.0,
+            arrival_jitter_ms: 0.0,
+            ..p
+        }),
+    };
+    let cases = [
+        (
+            Workload::RlRollout(RlRolloutParams::default()),
+            0xd19f_3ded_6fba_1250,
+        ),
+        (
+            Workload::RlRollout(RlRolloutParams {
+                interleaved: true,
+                step_interval_ms: 0.0,
+                ..small_rl()
+            }),
+            0xfb88_de0d_09e3_849a,
+        ),
+        (
+            Workload::SharedPrefix(SharedPrefixParams::default()),
+            0xbaa7_e7b0_b23c_4e2f,
+        ),
+        (
+            Workload::MultiTurn(MultiTurnParams::default()),
+            0xbfe0_63b0_2be2_574f,
+        ),
+        (
+            Workload::MultiTurn(MultiTurnParams {
+                think_time_ms: 0.0,
+                ..MultiTurnParams::default()
+            }),
+            0xb6c4_a867_78e6_75d1,
+        ),
+    ];
+    for (w, digest) in cases {
+        let w = zero(w);
+        assert_eq!(fingerprint(&w.generate()), digest, "{w:?}");
+        assert_eq!(
+            fingerprint(&w.requests().collect::<Vec<_>>()),
+            digest,
+            "{w:?}"
+        );
+    }
+    let text = "{\"arrival_ms\": 5, \"tokens\": [1], \"output_tokens\": 1}\n\
+                {\"arrival_ms\": 5, \"tokens\": [2], \"output_tokens\": 1}\n\
+                {\"arrival_ms\": 1.5, \"tokens\": [3], \"output_tokens\": 1}\n";
+    let still = TraceParams {
+        arrival_jitter_ms: 0.0,
+        ..TraceParams::default()
+    };
+    let trace = still.deliver(parse_trace(text).unwrap());
+    assert_eq!(fingerprint(&trace), 0x4c55_8e78_a401_e10a);
+}
+
+#[test]
+fn trace_arrivals_default_to_jitter_alone_and_spread_bursts_when_asked() {
+    let text: String = (0..200)
+        .map(|i| {
+            format!(
+                "{{\"arrival_ms\": {}, \"tokens\": [{i}], \"output_tokens\": 1}}\n",
+                (i / 50) * 100
+            )
+        })
+        .collect();
+    let nominal = parse_trace(&text).unwrap();
+    let at = |r: &SimRequest| f64::from(r.tokens[0] / 50 * 100);
+    let defaults = TraceParams::from_overrides(serde_json::Value::Null).unwrap();
+    assert_eq!(defaults, TraceParams::default());
+    assert_eq!(
+        (
+            defaults.seed,
+            defaults.arrival_spread_ms,
+            defaults.arrival_jitter_ms
+        ),
+        (1, 0.0, 1.0)
+    );
+    for (params, spread) in [
+        (defaults, 0.0),
+        (
+            TraceParams::from_overrides(json!({"arrivalSpreadMs": 20, "seed": 5})).unwrap(),
+            20.0,
+        ),
+    ] {
+        let w = params.deliver(nominal.clone());
+        assert_eq!(w.len(), 200);
+        assert_numbered_in_arrival_order(&w, "trace");
+        for r in &w {
+            let t = at(r);
+            assert!((t..=t + spread + JITTER_BOUND).contains(&r.arrival_ms));
+        }
+        let mut tokens: Vec<u32> = w.iter().map(|r| r.tokens[0]).collect();
+        tokens.sort();
+        assert_eq!(tokens, (0..200).collect::<Vec<_>>());
+        assert!(w == params.deliver(nominal.clone()));
+    }
+}
+
+#[test]
+fn a_session_turn_never_arrives_before_the_previous_one() {
+    let w = workload(
+        "multi-turn",
+        json!({"sessions": 20, "turns": 5, "thinkTimeMs": 2, "arrivalSpreadMs": 30,
+               "arrivalJitterMs": 5}),
+    )
+    .generate();
+    for s in 0..20u64 {
+        let lengths: Vec<usize> = w
+            .iter()
+            .filter(|r| r.group == s)
+            .map(|r| r.tokens.len())
+            .collect();
+        assert!(lengths.windows(2).all(|p| p[0] < p[1]), "{lengths:?}");
+    }
+}
+
+#[test]
+fn arrival_parameters_out_of_range_are_refused_by_name() {
+    for name in Workload::NAMES {
+        for (set, message) in [
+            (
+                json!({"arrivalSpreadMs": -1}),
+                "arrivalSpreadMs must be in [0, 1000000000] (got -1)",
+            ),
+            (
+                json!({"arrivalJitterMs": -0.5}),
+                "arrivalJitterMs must be in [0, 1000000000] (got -0.5)",
+            ),
+            (
+                json!({"arrivalSpreadMs": 2e9}),
+                "arrivalSpreadMs must be in [0, 1000000000] (got 2000000000)",
+            ),
+        ] {
+            let err = Workload::from_name(name, set).unwrap_err();
+            assert_eq!(err.to_string(), format!("workload {name}: {message}"));
+        }
+        let err = Workload::from_name(name, json!({"arrivalJitterMs": "noisy"})).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                r#"workload {name}: arrivalJitterMs must be a number in 0..=1e9 (got "noisy")"#
+            )
+        );
+    }
+    let nan = [
+        RlRolloutParams {
+            arrival_spread_ms: f64::NAN,
+            ..RlRolloutParams::default()
+        }
+        .validate(),
+        SharedPrefixParams {
+            arrival_jitter_ms: f64::NAN,
+            ..SharedPrefixParams::default()
+        }
+        .validate(),
+        MultiTurnParams {
+            arrival_spread_ms: f64::NAN,
+            ..MultiTurnParams::default()
+        }
+        .validate(),
+        TraceParams {
+            arrival_jitter_ms: f64::NAN,
+            ..TraceParams::default()
+        }
+        .validate(),
+    ];
+    for err in nan {
+        let err = err.unwrap_err();
+        assert!(
+            err.message
+                .ends_with("must be in [0, 1000000000] (got NaN)"),
+            "{err}"
+        );
+        assert!(err.field.starts_with("arrival"), "{err}");
+    }
+    let err = TraceParams::from_overrides(json!({"arrivalSpreadMs": -3})).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "workload trace: arrivalSpreadMs must be in [0, 1000000000] (got -3)"
+    );
+    let err = TraceParams::from_overrides(json!({"steps": 3})).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "workload trace: unknown parameter \"steps\" in --set; parameters of trace: seed, \
+         arrivalSpreadMs, arrivalJitterMs"
+    );
 }

@@ -4,10 +4,13 @@
 //! `arrival_ms` (≥ 0), `output_tokens` (≥ 1), exactly one of `tokens` (token ids) or `prompt`
 //! (text, turned into tokens by [`prompt_to_tokens`]), and optionally `model` and `cache_salt` (default empty), `group` (default 0) and `step`
 //! (default none). Unknown keys are refused. Requests are ordered by arrival (ties keep file
-//! order) and numbered from 0.
+//! order) and numbered from 0. [`TraceParams`] puts the client arrival model over the trace's
+//! times.
 
+use super::arrivals::{check_arrival_params, Arrivals, Delays, DEFAULT_JITTER_MS};
 use super::number_by_arrival;
 use crate::jsonl;
+use crate::sim::config::ParamError;
 use crate::sim::router::SimRequest;
 use serde::Deserialize;
 use std::fmt;
@@ -41,6 +44,45 @@ impl std::error::Error for TraceError {
             TraceError::Io { source, .. } => Some(source),
             TraceError::Line { .. } => None,
         }
+    }
+}
+
+/// Parameters of a trace replay (`--set` with `--trace`): the client arrival model over the
+/// trace's `arrival_ms`, which are taken as the times the client sends. Requests at one time
+/// are a burst, spread over `arrivalSpreadMs` in file order; each gets `arrivalJitterMs` of
+/// jitter (see [`super::arrivals`]). The trace's own times usually carry the client's spread,
+/// so `arrivalSpreadMs` is 0 by default.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct TraceParams {
+    /// Seed of the arrival model's draws.
+    pub seed: u64,
+    /// Time the client takes to send a burst, ms (0..=1e9).
+    pub arrival_spread_ms: f64,
+    /// Mean of each request's exponential jitter, ms (0..=1e9).
+    pub arrival_jitter_ms: f64,
+}
+
+impl Default for TraceParams {
+    fn default() -> Self {
+        TraceParams {
+            seed: 1,
+            arrival_spread_ms: 0.0,
+            arrival_jitter_ms: DEFAULT_JITTER_MS,
+        }
+    }
+}
+
+impl TraceParams {
+    pub fn validate(&self) -> Result<(), ParamError> {
+        check_arrival_params(self.arrival_spread_ms, self.arrival_jitter_ms)
+    }
+
+    /// The requests of a trace (ordered by `arrival_ms`, as read) as they reach the router,
+    /// in arrival order and numbered from 0.
+    pub fn deliver(&self, requests: Vec<SimRequest>) -> Vec<SimRequest> {
+        let delays = Delays::new(self.seed, self.arrival_spread_ms, self.arrival_jitter_ms);
+        Arrivals::new(requests.into_iter(), delays).collect()
     }
 }
 
