@@ -54,7 +54,8 @@ impl GroupKey {
 #[derive(Debug, Clone, Copy)]
 pub struct WindowGroup<'a> {
     pub key: GroupKey,
-    pub members: usize,
+    /// Where the group's members are in the window's arrival order, ascending.
+    pub positions: &'a [usize],
     /// What one member weighs in the balance: 1, or its block count with `balanceBy = tokens`.
     pub weight: f64,
     /// Positions in the replica list whose cache estimate already holds the whole prompt.
@@ -132,19 +133,19 @@ impl BurstPlan {
             if trail.shares.is_empty() {
                 fresh.push(g);
             }
-            trail.seen += group.members;
+            trail.seen += group.positions.len();
             trail.last_ms = now_ms;
             if trail.seen > 1 {
                 self.last_burst_ms = Some(now_ms);
             }
         }
-        let members: usize = groups.iter().map(|g| g.members).sum();
-        self.since_new_group = if fresh.is_empty() {
-            self.since_new_group + members
-        } else {
-            // Members of this window that came after its last new group are not told apart
-            // from the others: the count restarts from zero.
-            0
+        self.since_new_group = match fresh.iter().map(|&g| groups[g].positions[0]).max() {
+            None => self.since_new_group + groups.iter().map(|g| g.positions.len()).sum::<usize>(),
+            // The members that arrived after the last new group's first.
+            Some(last_new) => groups
+                .iter()
+                .map(|g| g.positions.iter().filter(|&&at| at > last_new).count())
+                .sum(),
         };
 
         let estimate = SizeEstimate::of(self.trails.values().map(|t| t.seen));
@@ -211,7 +212,7 @@ impl BurstPlan {
         groups
             .iter()
             .map(|group| match self.trails.get_mut(&group.key) {
-                Some(trail) => route(trail, group.members, &fleet),
+                Some(trail) => route(trail, group.positions.len(), &fleet),
                 None => Vec::new(),
             })
             .collect()

@@ -423,7 +423,7 @@ impl BurstProducer {
         let colocate = self.config.colocate_blocks();
         let by_tokens = self.config.balance() == config::BalanceBy::Tokens;
         let mut index: HashMap<GroupKey, usize> = HashMap::new();
-        let mut groups: Vec<WindowGroup<'h>> = Vec::new();
+        let mut keys: Vec<GroupKey> = Vec::new();
         let mut members: Vec<Vec<usize>> = Vec::new();
         for (i, (entry, &count)) in entries.iter().zip(counts).enumerate() {
             let prefix = if colocate > 0 {
@@ -435,18 +435,26 @@ impl BurstProducer {
                 continue;
             };
             let g = *index.entry(key).or_insert_with(|| {
-                groups.push(WindowGroup {
-                    key,
-                    members: 0,
-                    weight: if by_tokens { count as f64 } else { 1.0 },
-                    cached_on: homes(i),
-                });
+                keys.push(key);
                 members.push(Vec::new());
-                groups.len() - 1
+                keys.len() - 1
             });
-            groups[g].members += 1;
             members[g].push(i);
         }
+        let groups: Vec<WindowGroup<'_>> = keys
+            .iter()
+            .zip(&members)
+            .map(|(&key, positions)| WindowGroup {
+                key,
+                positions,
+                weight: if by_tokens {
+                    counts[positions[0]] as f64
+                } else {
+                    1.0
+                },
+                cached_on: homes(positions[0]),
+            })
+            .collect();
         let mut assigned = vec![None; entries.len()];
         for (placed, members) in plan.place(now_ms, &groups, replicas).iter().zip(&members) {
             for (&replica, &i) in placed.iter().zip(members) {
