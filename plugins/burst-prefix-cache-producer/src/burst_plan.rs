@@ -11,41 +11,50 @@
 //!    towards the mean count by the share of the counts' spread that is noise (a Poisson
 //!    count's variance is its mean): equal groups (the samples of an RL step) are predicted
 //!    equal however unevenly their first members arrived, while truly unequal groups keep
-//!    their measured proportions. An estimate is never below what was seen.
+//!    their measured proportions. Estimates are relative: only their proportions are used.
 //! 2. A group seen for the first time goes whole to the replica with the least planned load
-//!    (estimated sizes times parts), largest first — or to a replica the cache estimate says
-//!    already holds its prompt, when that one stays within the ceiling below.
-//! 3. Once the burst's groups seem all known (as many members as there are groups have
-//!    arrived since the last new group), a replica planned above the mean by more than half of
-//!    [`ALLOWANCE`] (or one request) hands part of its largest group to the least planned
-//!    replica — one where that group already has a part if any is below the mean. The group
-//!    then has a second home.
+//!    (estimated sizes times parts), largest first — or, when the cache estimate says some
+//!    replicas already hold its whole prompt (its first member went there before the plan
+//!    took note, or the prompt is simply cached), to the least planned of those: anywhere
+//!    else would prefill it again, and step 3 still splits it if balance needs that.
+//! 3. Once the burst's groups seem all known (`groups_look_complete`), a replica planned above
+//!    the level by more than half of [`ALLOWANCE`] (or one request) hands part of its largest
+//!    group to the least planned replica — one where that group already has a part if any is
+//!    below the level. The group then has another home.
 //! 4. Each member goes to its group's replica furthest below its part of the members seen.
 //!
 //! Equal groups thus land whole, four to a replica when 32 meet 8 replicas, and a group splits
 //! only when balance needs it, whichever windows its members arrive in.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use crate::assign::Replica;
 use crate::fair_share::ALLOWANCE;
 
-/// A prompt group's identity: its block count and its first and last chained block hashes
-/// (the last one stands for the whole chain).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// A prompt group's identity: its block count and a digest of its whole hash list (a
+/// request's prompts are hashed one after the other, each chain from the seed, so no single
+/// block hash stands for a request of several prompts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct GroupKey {
     pub blocks: usize,
-    pub first: u64,
-    pub last: u64,
+    pub digest: u64,
 }
 
 impl GroupKey {
     /// The key of a non-empty hash list.
     pub fn of(hashes: &[u64]) -> Option<Self> {
+        if hashes.is_empty() {
+            return None;
+        }
+        // Every block hash is already uniform; a multiply-rotate fold keeps their order.
+        let digest = hashes.iter().fold(0x243f_6a88_85a3_08d3_u64, |acc, &h| {
+            (acc ^ h)
+                .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                .rotate_left(29)
+        });
         Some(GroupKey {
             blocks: hashes.len(),
-            first: *hashes.first()?,
-            last: *hashes.last()?,
+            digest,
         })
     }
 }
@@ -54,7 +63,8 @@ impl GroupKey {
 #[derive(Debug, Clone, Copy)]
 pub struct WindowGroup<'a> {
     pub key: GroupKey,
-    /// Where the group's members are in the window's arrival order, ascending.
+    /// Where the group's members are in the window's arrival order, ascending; a group
+    /// without members is ignored.
     pub positions: &'a [usize],
     /// What one member weighs in the balance: 1, or its block count with `balanceBy = tokens`.
     pub weight: f64,
@@ -66,6 +76,8 @@ pub struct WindowGroup<'a> {
 #[derive(Debug)]
 struct Trail {
     last_ms: u64,
+    /// When (in the plan's `arrivals`) its first member came.
+    first_arrival: u64,
     seen: usize,
     weight: f64,
     shares: Vec<Share>,
@@ -77,6 +89,7 @@ struct Share {
     replica: Box<str>,
     /// The fraction of the group's members meant for this replica; a group's parts add up to 1.
     part: f64,
+    /// Members sent to this replica so far, over the whole burst.
     sent: usize,
 }
 
@@ -84,10 +97,16 @@ struct Share {
 #[derive(Debug)]
 pub struct BurstPlan {
     memory_ms: u64,
-    trails: HashMap<GroupKey, Trail>,
+    /// In key order, so that every sum and tie over the groups comes out the same for the
+    /// same inputs.
+    trails: BTreeMap<GroupKey, Trail>,
     swept_ms: u64,
-    /// Members seen since a group was seen for the first time.
-    since_new_group: usize,
+    /// Members placed by the plan so far.
+    arrivals: u64,
+    /// When (in `arrivals`) the newest remembered group had its first member.
+    newest_from: u64,
+    /// When the newest group of two or more members had its first.
+    newest_group_from: u64,
     /// When a group last had a second member: until `memory_ms` later a burst may be going on.
     last_burst_ms: Option<u64>,
 }
@@ -96,16 +115,18 @@ impl BurstPlan {
     pub fn new(memory_ms: u64) -> Self {
         BurstPlan {
             memory_ms,
-            trails: HashMap::new(),
+            trails: BTreeMap::new(),
             swept_ms: 0,
-            since_new_group: 0,
+            arrivals: 0,
+            newest_from: 0,
+            newest_group_from: 0,
             last_burst_ms: None,
         }
     }
 
     /// Whether a burst may be going on at `now_ms`: a group had a second member within the
     /// memory. Until then a lone request is not worth remembering.
-    pub fn remembers_any(&self, now_ms: u64) -> bool {
+    pub fn burst_may_be_on(&self, now_ms: u64) -> bool {
         self.last_burst_ms
             .is_some_and(|at| at.saturating_add(self.memory_ms) >= now_ms)
     }
@@ -121,32 +142,36 @@ impl BurstPlan {
         if replicas.is_empty() {
             return groups.iter().map(|_| Vec::new()).collect();
         }
-        self.forget_before(now_ms);
+        self.sweep(now_ms);
         let mut fresh = Vec::new();
         for (g, group) in groups.iter().enumerate() {
+            if group.positions.is_empty() {
+                continue;
+            }
+            let first_arrival = self.arrivals + group.positions[0] as u64;
             let trail = self.trails.entry(group.key).or_insert_with(|| Trail {
                 last_ms: now_ms,
+                first_arrival,
                 seen: 0,
                 weight: group.weight,
                 shares: Vec::new(),
             });
             if trail.shares.is_empty() {
                 fresh.push(g);
+                self.newest_from = self.newest_from.max(first_arrival);
             }
+            let was_alone = trail.seen < 2;
             trail.seen += group.positions.len();
             trail.last_ms = now_ms;
             if trail.seen > 1 {
                 self.last_burst_ms = Some(now_ms);
+                if was_alone {
+                    self.newest_group_from = self.newest_group_from.max(trail.first_arrival);
+                }
             }
         }
-        self.since_new_group = match fresh.iter().map(|&g| groups[g].positions[0]).max() {
-            None => self.since_new_group + groups.iter().map(|g| g.positions.len()).sum::<usize>(),
-            // The members that arrived after the last new group's first.
-            Some(last_new) => groups
-                .iter()
-                .map(|g| g.positions.iter().filter(|&&at| at > last_new).count())
-                .sum(),
-        };
+        self.arrivals += groups.iter().map(|g| g.positions.len() as u64).sum::<u64>();
+        let burst_groups = self.trails.values().filter(|t| t.seen > 1).count() as u64;
 
         let estimate = SizeEstimate::of(self.trails.values().map(|t| t.seen));
         let mut fleet = Fleet::new(replicas);
@@ -194,7 +219,7 @@ impl BurstPlan {
                 .cached_on
                 .iter()
                 .copied()
-                .filter(|&r| r < replicas.len() && fleet.planned[r] + size <= fleet.ceiling)
+                .filter(|&r| r < replicas.len())
                 .min_by(|&a, &b| fleet.order(a, b));
             let target = cached.unwrap_or_else(|| fleet.least_planned());
             fleet.planned[target] += size;
@@ -205,67 +230,73 @@ impl BurstPlan {
             });
         }
 
-        if self.since_new_group >= 2 * self.trails.len() {
+        if self.groups_look_complete(burst_groups, replicas.len() as u64) {
             self.rebalance(&mut fleet, &estimate);
         }
 
         groups
             .iter()
             .map(|group| match self.trails.get_mut(&group.key) {
-                Some(trail) => route(trail, group.positions.len(), &fleet),
-                None => Vec::new(),
+                Some(trail) if !group.positions.is_empty() => {
+                    route(trail, group.positions.len(), &fleet)
+                }
+                _ => Vec::new(),
             })
             .collect()
     }
 
+    /// Whether the burst's groups look all known: twice as many members as there are
+    /// remembered groups have arrived since the newest one's first member — or, so that lone
+    /// requests beside a burst (each a group of one) cannot hold its splits back forever, twice
+    /// as many as there are groups of two or more, and four per replica, since the newest of
+    /// those.
+    fn groups_look_complete(&self, burst_groups: u64, replicas: u64) -> bool {
+        let since = |from: u64| self.arrivals.saturating_sub(from);
+        since(self.newest_from) >= 2 * self.trails.len() as u64
+            || since(self.newest_group_from) >= (4 * burst_groups).max(8 * replicas)
+    }
+
     /// Moves parts of groups from replicas planned above the ceiling to the least planned
-    /// ones, down to the mean.
+    /// ones, down to the level. A replica over the ceiling with nothing to move (loaded by
+    /// other traffic) is passed over.
     fn rebalance(&mut self, fleet: &mut Fleet<'_>, estimate: &SizeEstimate) {
-        // Each move brings a replica down to the mean, another up to it, or a group's part on
+        // Each move brings a replica down to the level, another up to it, or a group's part on
         // a replica to zero, so the moves are bounded by replicas plus groups; the cap guards.
         for _ in 0..(fleet.replicas.len() + self.trails.len()) * 2 {
-            let Some(over) = fleet
-                .most_planned()
+            let mut over: Vec<usize> = (0..fleet.replicas.len())
                 .filter(|&r| fleet.planned[r] > fleet.ceiling)
-            else {
-                return;
-            };
-            let id = fleet.replicas[over].id;
-            // The group with the largest planned load on that replica.
-            let largest = self
-                .trails
-                .iter()
-                .filter_map(|(key, trail)| {
-                    let share = trail.shares.iter().find(|s| &*s.replica == id)?;
-                    Some((*key, share.part * estimate.size(trail.seen) * trail.weight))
-                })
-                .filter(|&(_, load)| load > 0.0)
-                .max_by(|a, b| a.1.total_cmp(&b.1).then_with(|| b.0.last.cmp(&a.0.last)));
-            let Some((key, load)) = largest else {
+                .collect();
+            over.sort_by(|&a, &b| fleet.order(b, a));
+            let Some((over, key, load)) = over.into_iter().find_map(|over| {
+                let (key, load) = self.largest_part_on(fleet.replicas[over].id, estimate)?;
+                Some((over, key, load))
+            }) else {
                 return;
             };
             let Some(trail) = self.trails.get_mut(&key) else {
                 return;
             };
             let size = estimate.size(trail.seen) * trail.weight;
+            // Another replica this group already has a part on and that is below the level,
+            // else the least planned replica.
             let target = trail
                 .shares
                 .iter()
                 .filter_map(|s| fleet.position(&s.replica))
-                .filter(|&r| r != over && fleet.planned[r] < fleet.mean)
+                .filter(|&r| r != over && fleet.planned[r] < fleet.level)
                 .min_by(|&a, &b| fleet.order(a, b))
                 .unwrap_or_else(|| fleet.least_planned());
             let amount = load
-                .min(fleet.planned[over] - fleet.mean)
-                .min(fleet.mean - fleet.planned[target]);
+                .min(fleet.planned[over] - fleet.level)
+                .min(fleet.level - fleet.planned[target]);
             // Less than half a member would only scatter single requests.
             if target == over || amount < fleet.per_member / 2.0 || size <= 0.0 {
                 return;
             }
             let part = amount / size;
-            let target_id = fleet.replicas[target].id;
+            let (from_id, target_id) = (fleet.replicas[over].id, fleet.replicas[target].id);
             for share in &mut trail.shares {
-                if &*share.replica == id {
+                if &*share.replica == from_id {
                     share.part = (share.part - part).max(0.0);
                 }
             }
@@ -282,18 +313,29 @@ impl BurstPlan {
         }
     }
 
-    /// Drops the groups not seen for `memory_ms`, at most once per quarter of it.
-    fn forget_before(&mut self, now_ms: u64) {
-        if now_ms.saturating_sub(self.swept_ms) < self.memory_ms / 4 {
+    /// The group with the largest planned load on replica `id` (ties to the smaller key), and
+    /// that load.
+    fn largest_part_on(&self, id: &str, estimate: &SizeEstimate) -> Option<(GroupKey, f64)> {
+        self.trails
+            .iter()
+            .filter_map(|(key, trail)| {
+                let share = trail.shares.iter().find(|s| &*s.replica == id)?;
+                Some((*key, share.part * estimate.size(trail.seen) * trail.weight))
+            })
+            .filter(|&(_, load)| load > 0.0)
+            .max_by(|a, b| a.1.total_cmp(&b.1).then_with(|| b.0.cmp(&a.0)))
+    }
+
+    /// Drops the groups not seen for `memory_ms`, at most once per quarter of it (and whenever
+    /// the clock went back, so a stray future time cannot stop the sweeps).
+    fn sweep(&mut self, now_ms: u64) {
+        if now_ms >= self.swept_ms && now_ms - self.swept_ms < self.memory_ms / 4 {
             return;
         }
         self.swept_ms = now_ms;
         let memory_ms = self.memory_ms;
         self.trails
             .retain(|_, t| t.last_ms.saturating_add(memory_ms) >= now_ms);
-        if self.trails.is_empty() {
-            self.since_new_group = 0;
-        }
     }
 }
 
@@ -319,12 +361,12 @@ fn route(trail: &mut Trail, members: usize, fleet: &Fleet<'_>) -> Vec<usize> {
                     r
                 }
                 None => {
-                    // Every part is on a replica gone from the candidates: start afresh.
+                    // No part is on a candidate of this window: the least planned one takes
+                    // the member, the group's other parts stay for when their replicas return.
                     let r = fleet.least_planned();
-                    trail.shares.clear();
                     trail.shares.push(Share {
                         replica: fleet.replicas[r].id.into(),
-                        part: 1.0,
+                        part: 0.0,
                         sent: 1,
                     });
                     r
@@ -341,7 +383,7 @@ struct Fleet<'a> {
     /// group's estimated size (times a member's weight) times its part there.
     planned: Vec<f64>,
     /// The level a balanced plan brings the replicas to (those already above it excepted).
-    mean: f64,
+    level: f64,
     ceiling: f64,
     /// One member's weight, in the units of `planned`.
     per_member: f64,
@@ -352,7 +394,7 @@ impl<'a> Fleet<'a> {
         Fleet {
             replicas,
             planned: vec![0.0; replicas.len()],
-            mean: 0.0,
+            level: 0.0,
             ceiling: 0.0,
             per_member: 1.0,
         }
@@ -364,16 +406,16 @@ impl<'a> Fleet<'a> {
         let mut sorted = base.to_vec();
         sorted.sort_by(f64::total_cmp);
         let mut below = 0.0;
-        self.mean = sorted.first().copied().unwrap_or(0.0) + total;
+        self.level = sorted.first().copied().unwrap_or(0.0) + total;
         for (k, &load) in sorted.iter().enumerate() {
             below += load;
             // The level if the k + 1 least loaded replicas share the load.
-            self.mean = (total + below) / (k + 1) as f64;
-            if sorted.get(k + 1).is_none_or(|&next| self.mean <= next) {
+            self.level = (total + below) / (k + 1) as f64;
+            if sorted.get(k + 1).is_none_or(|&next| self.level <= next) {
                 break;
             }
         }
-        self.ceiling = self.mean + (ALLOWANCE / 2.0 * self.mean).max(per_member);
+        self.ceiling = self.level + (ALLOWANCE / 2.0 * self.level).max(per_member);
         self.per_member = per_member;
     }
 
@@ -398,10 +440,6 @@ impl<'a> Fleet<'a> {
             .min_by(|&a, &b| self.order(a, b))
             .unwrap_or(0)
     }
-
-    fn most_planned(&self) -> Option<usize> {
-        (0..self.replicas.len()).max_by(|&a, &b| self.order(a, b))
-    }
 }
 
 /// Final group sizes predicted from the members seen so far (see the module docs).
@@ -415,6 +453,7 @@ impl SizeEstimate {
     fn of(counts: impl Iterator<Item = usize> + Clone) -> Self {
         let n = counts.clone().count();
         if n == 0 {
+            // No group yet: every count is taken as it is.
             return SizeEstimate {
                 mean: 0.0,
                 kept: 1.0,
@@ -431,8 +470,7 @@ impl SizeEstimate {
     }
 
     fn size(&self, seen: usize) -> f64 {
-        let seen = seen as f64;
-        self.mean + self.kept * (seen - self.mean)
+        self.mean + self.kept * (seen as f64 - self.mean)
     }
 }
 

@@ -28,7 +28,9 @@ use burst_plan::{BurstPlan, GroupKey, WindowGroup};
 use config::{Assignment, BurstConfig};
 use fair_share::assign_fair_share;
 
-/// The plan, even when a call that held it panicked: a plan is valid between any two steps.
+/// The plan, even when a call that held it panicked: every step leaves it usable, though a
+/// panic inside a rebalance can leave one group's parts adding up to less than 1 (its members
+/// then follow the parts it has).
 fn lock(plan: &Mutex<BurstPlan>) -> MutexGuard<'_, BurstPlan> {
     plan.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -205,15 +207,15 @@ impl Producer for BurstProducer {
         out: &mut ProduceBatch<'_>,
     ) -> Result<(), PluginError> {
         let fair_share = self.config.assignment() == Assignment::FairShare;
-        let now_ms = items.first().map_or(0, |item| item.request.now_ms);
         // A request alone in its window still continues a burst the plan remembers; otherwise
         // it has no one to be placed with, and is placed without hashing its prompt.
-        let planning = self
-            .plan
-            .as_ref()
-            .is_some_and(|plan| lock(plan).remembers_any(now_ms));
+        let planning = |item: &ProduceItem<'_>| {
+            self.plan
+                .as_ref()
+                .is_some_and(|plan| lock(plan).burst_may_be_on(item.request.now_ms))
+        };
         if let [item] = items {
-            if fair_share && !planning {
+            if fair_share && !planning(item) {
                 let count = self.block_count_of(item);
                 let target = self.place_alone(item, count);
                 put_matches(item, count, target, self.config.block_size(), out);
@@ -338,7 +340,7 @@ impl Producer for BurstProducer {
             };
             self.place_by_plan(
                 &mut lock(plan),
-                now_ms,
+                items.first().map_or(0, |item| item.request.now_ms),
                 &entries,
                 &placed_counts,
                 &replicas,

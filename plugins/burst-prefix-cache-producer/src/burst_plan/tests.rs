@@ -14,6 +14,32 @@ fn burst_over_windows(
     seed: u64,
     max_window: u64,
 ) -> (Vec<usize>, usize) {
+    let (load, pairs, _) = burst_with(
+        plan,
+        now,
+        sizes,
+        &vec![0; replicas],
+        seed,
+        max_window,
+        false,
+    );
+    (load, pairs)
+}
+
+/// [`burst_over_windows`] over replicas that carry `carried` requests of other traffic, with
+/// one request of a prompt seen nowhere else added to every window when `background`; also
+/// returns every placement in order.
+#[allow(clippy::too_many_arguments)]
+fn burst_with(
+    plan: &mut BurstPlan,
+    now: &mut u64,
+    sizes: &[usize],
+    carried: &[u64],
+    seed: u64,
+    max_window: u64,
+    background: bool,
+) -> (Vec<usize>, usize, Vec<usize>) {
+    let replicas = carried.len();
     let mut next = switchyard_plugin_api::testing::numbers(seed);
     let mut arrivals: Vec<usize> = sizes
         .iter()
@@ -24,21 +50,27 @@ fn burst_over_windows(
         arrivals.swap(i, next(i as u64 + 1) as usize);
     }
     let ids: Vec<String> = (0..replicas).map(|r| format!("/r{r:02}")).collect();
-    let views: Vec<Replica<'_>> = ids
-        .iter()
-        .map(|id| Replica {
-            id,
-            running_requests: 0,
-        })
-        .collect();
     let mut load = vec![0usize; replicas];
     let mut pairs = BTreeSet::new();
+    let mut trace = Vec::new();
     let mut at = 0;
     while at < arrivals.len() {
         let size = (1 + next(max_window) as usize).min(arrivals.len() - at);
-        let window = &arrivals[at..at + size];
+        let mut window = arrivals[at..at + size].to_vec();
         at += size;
         *now += 1;
+        if background {
+            window.push(usize::MAX - *now as usize);
+        }
+        let views: Vec<Replica<'_>> = ids
+            .iter()
+            .zip(carried)
+            .zip(&load)
+            .map(|((id, &carried), &sent)| Replica {
+                id,
+                running_requests: carried + sent as u64,
+            })
+            .collect();
         let mut members: Vec<(usize, Vec<usize>)> = Vec::new();
         for (position, &g) in window.iter().enumerate() {
             match members.iter_mut().find(|(group, _)| *group == g) {
@@ -51,8 +83,7 @@ fn burst_over_windows(
             .map(|(g, positions)| WindowGroup {
                 key: GroupKey {
                     blocks: 4,
-                    first: seed,
-                    last: *g as u64,
+                    digest: *g as u64,
                 },
                 positions,
                 weight: 1.0,
@@ -65,11 +96,14 @@ fn burst_over_windows(
             assert_eq!(targets.len(), positions.len());
             for &r in targets {
                 load[r] += 1;
-                pairs.insert((g, r));
+                trace.push(r);
+                if g < sizes.len() {
+                    pairs.insert((g, r));
+                }
             }
         }
     }
-    (load, pairs.len())
+    (load, pairs.len(), trace)
 }
 
 /// Every shape, over windows of 1..=`max_window`, 20 arrival orders: the mean and worst
@@ -152,4 +186,106 @@ fn a_burst_in_one_window_keeps_the_single_window_bounds() {
             "{sizes:?}: {deviation}"
         );
     }
+}
+
+#[test]
+fn the_same_burst_is_placed_the_same_by_every_fresh_plan() {
+    for (sizes, max_window) in [
+        (&UNEQUAL[..], 1),
+        (&UNEQUAL, 40),
+        (&[128; 4], 10),
+        (&[16; 32], 100),
+    ] {
+        for seed in 1..=5 {
+            let run = || {
+                let mut plan = BurstPlan::new(2000);
+                burst_with(&mut plan, &mut 0, sizes, &[0; 8], seed, max_window, false).2
+            };
+            assert_eq!(
+                run(),
+                run(),
+                "{sizes:?}, windows of 1..={max_window}, seed {seed}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_replica_loaded_by_other_traffic_does_not_stop_the_others_balancing() {
+    // One replica carries 1000 requests of other traffic: the burst spreads over the 7 others.
+    let mut plan = BurstPlan::new(2000);
+    let carried = [1000, 0, 0, 0, 0, 0, 0, 0];
+    let (load, pairs, _) = burst_with(&mut plan, &mut 0, &[128; 4], &carried, 3, 40, false);
+    assert_eq!(load[0], 0, "{load:?}");
+    assert!(load[1..].iter().all(|&n| n.abs_diff(73) <= 8), "{load:?}");
+    assert!(pairs < 4 + 7, "{pairs} placements");
+}
+
+#[test]
+fn lone_requests_beside_a_burst_do_not_hold_its_splits_back() {
+    // One request of a prompt nobody else sends joins every window.
+    for max_window in [10, 40] {
+        let mut plan = BurstPlan::new(2000);
+        let (load, pairs, _) =
+            burst_with(&mut plan, &mut 0, &[128; 4], &[0; 8], 5, max_window, true);
+        let fair = load.iter().sum::<usize>() as f64 / 8.0;
+        assert!(
+            load.iter().all(|&n| (n as f64 - fair).abs() <= 0.15 * fair),
+            "windows of 1..={max_window}: {load:?}"
+        );
+        assert!(
+            pairs < 2 * (4 + 7),
+            "windows of 1..={max_window}: {pairs} placements"
+        );
+    }
+}
+
+#[test]
+fn a_group_whose_replicas_all_left_goes_on_elsewhere_and_returns_when_they_do() {
+    let ids = ["/a", "/b", "/c"];
+    let replicas = |names: &[&'static str]| -> Vec<Replica<'static>> {
+        names
+            .iter()
+            .map(|&id| Replica {
+                id,
+                running_requests: 0,
+            })
+            .collect()
+    };
+    let key = GroupKey::of(&[1, 2]).unwrap();
+    let group = |positions: &'static [usize]| WindowGroup {
+        key,
+        positions,
+        weight: 1.0,
+        cached_on: &[],
+    };
+    let mut plan = BurstPlan::new(2000);
+    let first = plan.place(0, &[group(&[0])], &replicas(&ids));
+    let home = ids[first[0][0]];
+    let others: Vec<&'static str> = ids.iter().copied().filter(|&id| id != home).collect();
+    // Its replica gone for one window: the member goes to one still there.
+    let away = plan.place(1, &[group(&[0])], &replicas(&others));
+    let stand_in = others[away[0][0]];
+    // All back: five members over three replicas, none with more than two.
+    let back = plan.place(2, &[group(&[0, 1, 2])], &replicas(&ids));
+    let mut per_replica = [0; 3];
+    for &r in first[0].iter().chain(&back[0]) {
+        per_replica[r] += 1;
+    }
+    per_replica[ids.iter().position(|&id| id == stand_in).unwrap()] += 1;
+    assert!(
+        per_replica.iter().all(|&n| n <= 2),
+        "{first:?} {away:?} {back:?}"
+    );
+}
+
+#[test]
+fn requests_of_several_prompts_are_one_group_only_when_all_their_blocks_agree() {
+    // Two prompts each, the second alike and the first differing after its first block: the
+    // flattened lists share their last hash and their length, not their contents.
+    let a = [11, 12, 31, 32];
+    let b = [11, 13, 31, 32];
+    assert_ne!(GroupKey::of(&a), GroupKey::of(&b));
+    assert_eq!(GroupKey::of(&a), GroupKey::of(&a.clone()));
+    assert_eq!(GroupKey::of(&[]), None);
 }
