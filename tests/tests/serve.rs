@@ -1,5 +1,6 @@
 //! `switchyard serve` in front of `switchyard mock-replica` processes on 127.0.0.1: routes,
-//! streaming, co-location of a burst, errors, decisions equal to `replay`'s for the same
+//! streaming, co-location of a burst (sent at once, and spread as a real client spreads it, checked
+//! against `simulate`), errors, decisions equal to `replay`'s for the same
 //! arrivals, and random bodies.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -11,9 +12,10 @@ use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use switchyard_tests::live::{
     assert_router_idle, body_bytes, burst_pipeline, endpoints_toml, fast_replicas, json,
-    metric_sum, metrics_page, prefix_cache_totals, read_events, replay_file, send, start_router,
-    temp_dir, try_send_bytes, Process,
+    metric_sum, metrics_page, prefix_cache_totals, read_events, replay_file, send, start_replica,
+    start_router, temp_dir, try_send_bytes, Process,
 };
+use switchyard_tests::{plugin_dir, workspace_root};
 
 async fn replicas(n: usize, extra: &[&str]) -> Vec<Process> {
     fast_replicas(n, extra).await
@@ -202,6 +204,178 @@ async fn a_burst_is_colocated_and_each_prompt_prefilled_once() {
     assert_eq!(queries, (PROMPTS * SAMPLES * 64) as f64);
     assert_eq!(queries - hits, (PROMPTS * 64) as f64);
     assert_router_idle(&router, "at the end").await;
+}
+
+/// The serving pipeline as shipped (`configs/serve-local.toml`) without its `[serve]` table and
+/// its endpoints.
+fn shipped_serving_pipeline() -> String {
+    let text = std::fs::read_to_string(workspace_root().join("configs/serve-local.toml"))
+        .expect("configs/serve-local.toml");
+    let mut kept = String::new();
+    let mut skipping = false;
+    for line in text.lines() {
+        let header = line.trim_start();
+        if header.starts_with('[') {
+            skipping = header == "[serve]" || header == "[[endpoints]]";
+        }
+        if !skipping {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+    }
+    kept
+}
+
+/// Prefills per prompt: over the prompts, the replicas where one of its requests did not find
+/// its whole prompt cached (one block of slack), averaged.
+fn prefills_per_prompt(cold: &BTreeMap<usize, BTreeSet<String>>, prompts: usize) -> f64 {
+    cold.values().map(BTreeSet::len).sum::<usize>() as f64 / prompts as f64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spread_burst_through_serve_matches_simulate() {
+    // One RL step: 16 prompts of 1,024 tokens × 8 samples over 4 replicas, each request sent at
+    // a fixed offset within 150 ms (a client that spreads its burst), through the shipped
+    // serving pipeline; then the same arrivals through `simulate` on the fixed-rate model that
+    // mock-replica runs.
+    const PROMPTS: usize = 16;
+    const SAMPLES: usize = 8;
+    const REPLICAS: usize = 4;
+    const PROMPT_TOKENS: usize = 1024;
+    const OUTPUT_TOKENS: u32 = 24;
+    const SPREAD_MS: u64 = 150;
+    let mut replicas = Vec::new();
+    for i in 0..REPLICAS {
+        replicas.push(start_replica(&format!("r{i}"), &["--model", "mock-model"]).await);
+    }
+    let dir = temp_dir("serve-spread-burst");
+    let pipeline = shipped_serving_pipeline();
+    let router = start_router(
+        &dir,
+        &format!("{pipeline}{}", endpoints(&replicas)),
+        "",
+        &[],
+    )
+    .await;
+    let mut random = rand::rngs::SmallRng::seed_from_u64(18);
+    let prompts: Vec<String> = (0..PROMPTS)
+        .map(|_| {
+            (0..PROMPT_TOKENS * 4)
+                .map(|_| char::from(b'a' + random.random_range(0..26u8)))
+                .collect()
+        })
+        .collect();
+    let mut arrivals: Vec<(u64, usize)> = (0..PROMPTS)
+        .flat_map(|p| std::iter::repeat_n(p, SAMPLES))
+        .map(|p| (random.random_range(0..SPREAD_MS), p))
+        .collect();
+    arrivals.sort();
+
+    let trace: String = arrivals
+        .iter()
+        .map(|&(at, p)| {
+            serde_json::json!({"arrival_ms": at, "prompt": prompts[p], "output_tokens": OUTPUT_TOKENS,
+                "model": "mock-model", "group": p, "step": 0})
+            .to_string()
+                + "\n"
+        })
+        .collect();
+    let trace_path = dir.join("burst.jsonl");
+    std::fs::write(&trace_path, trace).expect("trace written");
+
+    let api = router.api();
+    let start = tokio::time::Instant::now();
+    let mut tasks = Vec::new();
+    for &(at, p) in &arrivals {
+        let body = serde_json::json!({"model": "mock-model", "prompt": prompts[p],
+            "max_tokens": OUTPUT_TOKENS})
+        .to_string();
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(start + Duration::from_millis(at)).await;
+            let response = send(api, "POST", "/v1/completions", &[], &body).await;
+            assert_eq!(response.status(), 200);
+            let replica = header(&response, "x-mock-replica").to_string();
+            let cached = json(response).await["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap_or(0);
+            (p, replica, cached)
+        }));
+    }
+    let mut live_cold: BTreeMap<usize, BTreeSet<String>> = BTreeMap::new();
+    let mut live_served: BTreeMap<String, u64> = BTreeMap::new();
+    for task in tasks {
+        let (p, replica, cached) = task.await.expect("request task");
+        if (cached as usize) + 16 < PROMPT_TOKENS {
+            live_cold.entry(p).or_default().insert(replica.clone());
+        }
+        *live_served.entry(replica).or_default() += 1;
+    }
+    assert_router_idle(&router, "after the burst").await;
+
+    let config_path = dir.join("pipeline.toml");
+    std::fs::write(&config_path, &pipeline).expect("pipeline written");
+    let output = dir.join("simulated");
+    let status = std::process::Command::new(switchyard_tests::live::binary())
+        .args(["simulate", "--profile", "fixed-rate", "--no-baselines"])
+        .args(["--replicas", &REPLICAS.to_string()])
+        .arg("--config")
+        .arg(&config_path)
+        .arg("--trace")
+        .arg(&trace_path)
+        .arg("--plugin-dir")
+        .arg(plugin_dir())
+        .arg("--output")
+        .arg(&output)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("simulate runs");
+    assert!(status.success(), "simulate succeeds");
+    let report: Value =
+        serde_json::from_slice(&std::fs::read(output.join("report.json")).expect("report.json"))
+            .expect("report is JSON");
+    let simulated = &report[0];
+    let sim_prefills = simulated["prefills_per_prompt_per_step"]
+        .as_f64()
+        .expect("prefills per prompt");
+    let mut sim_served: Vec<u64> = simulated["replica_load"]["served_per_replica"]
+        .as_array()
+        .expect("served per replica")
+        .iter()
+        .filter_map(Value::as_u64)
+        .collect();
+    let mut served: Vec<u64> = (0..REPLICAS)
+        .map(|i| live_served.get(&format!("r{i}")).copied().unwrap_or(0))
+        .collect();
+
+    let live_prefills = prefills_per_prompt(&live_cold, PROMPTS);
+    let detail = format!(
+        "live: {live_prefills:.2} prefills per prompt, {served:?} requests per replica; \
+         simulate: {sim_prefills:.2}, {sim_served:?}"
+    );
+    assert!(
+        (live_prefills - sim_prefills).abs() <= 0.1 * sim_prefills,
+        "prefills per prompt disagree by more than 10%: {detail}"
+    );
+    // Which replica gets which share depends on tie-breaks between equally loaded replicas,
+    // so the loads are compared sorted.
+    served.sort_unstable();
+    sim_served.sort_unstable();
+    for (live, sim) in served.iter().zip(&sim_served) {
+        assert!(
+            (*live as f64 - *sim as f64).abs() <= 0.1 * *sim as f64,
+            "requests per replica disagree by more than 10%: {detail}"
+        );
+    }
+    // And the burst is co-located and balanced, not only alike in both.
+    assert!(live_prefills <= 1.25, "{detail}");
+    let fair = (PROMPTS * SAMPLES / REPLICAS) as f64;
+    assert!(
+        served
+            .iter()
+            .all(|&n| (n as f64 - fair).abs() <= (0.2 * fair).max(2.0)),
+        "{detail}"
+    );
+    eprintln!("{detail}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
