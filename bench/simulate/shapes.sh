@@ -15,7 +15,7 @@ if [[ ! -x "$bin" ]]; then
     exit 1
 fi
 
-# P prompts x S samples, one step: every request of the shape arrives at once.
+# P prompts x S samples, one step, spread by the client arrival model's defaults.
 shapes=(32x16 2x256 4x128 3x100 5x100 256x1)
 replica_counts=(8 12 16)
 

@@ -107,6 +107,8 @@ pub struct BurstPlan {
     newest_from: u64,
     /// When the newest group of two or more members had its first.
     newest_group_from: u64,
+    /// The time of the window being placed.
+    now_ms: u64,
     /// When a group last had a second member: until `memory_ms` later a burst may be going on.
     last_burst_ms: Option<u64>,
 }
@@ -117,6 +119,7 @@ impl BurstPlan {
             memory_ms,
             trails: BTreeMap::new(),
             swept_ms: 0,
+            now_ms: 0,
             arrivals: 0,
             newest_from: 0,
             newest_group_from: 0,
@@ -171,13 +174,14 @@ impl BurstPlan {
             }
         }
         self.arrivals += groups.iter().map(|g| g.positions.len() as u64).sum::<u64>();
-        let burst_groups = self.trails.values().filter(|t| t.seen > 1).count() as u64;
+        self.now_ms = now_ms;
+        let burst_groups = self.active().filter(|t| t.seen > 1).count() as u64;
 
-        let estimate = SizeEstimate::of(self.trails.values().map(|t| t.seen));
+        let estimate = SizeEstimate::of(self.active().map(|t| t.seen));
         let mut fleet = Fleet::new(replicas);
         let mut sent = vec![0usize; replicas.len()];
         let (mut total, mut members_seen, mut weight_seen) = (0.0, 0usize, 0.0);
-        for trail in self.trails.values() {
+        for trail in self.active() {
             let load = estimate.size(trail.seen) * trail.weight;
             total += load;
             members_seen += trail.seen;
@@ -245,6 +249,18 @@ impl BurstPlan {
             .collect()
     }
 
+    /// The groups still arriving: seen within a quarter of the memory. The plan balances their
+    /// whole estimated sizes; a group that stopped arriving weighs only through the requests
+    /// of it still in flight, which the replicas' carried load holds (and is followed again if
+    /// another of its requests comes).
+    fn active(&self) -> impl Iterator<Item = &Trail> + Clone {
+        self.trails.values().filter(|t| self.is_active(t))
+    }
+
+    fn is_active(&self, trail: &Trail) -> bool {
+        trail.last_ms.saturating_add(self.memory_ms / 4) >= self.now_ms
+    }
+
     /// Whether the burst's groups look all known: twice as many members as there are
     /// remembered groups have arrived since the newest one's first member — or, so that lone
     /// requests beside a burst (each a group of one) cannot hold its splits back forever, twice
@@ -252,7 +268,7 @@ impl BurstPlan {
     /// those.
     fn groups_look_complete(&self, burst_groups: u64, replicas: u64) -> bool {
         let since = |from: u64| self.arrivals.saturating_sub(from);
-        since(self.newest_from) >= 2 * self.trails.len() as u64
+        since(self.newest_from) >= 2 * self.active().count() as u64
             || since(self.newest_group_from) >= (4 * burst_groups).max(8 * replicas)
     }
 
@@ -318,6 +334,7 @@ impl BurstPlan {
     fn largest_part_on(&self, id: &str, estimate: &SizeEstimate) -> Option<(GroupKey, f64)> {
         self.trails
             .iter()
+            .filter(|(_, trail)| self.is_active(trail))
             .filter_map(|(key, trail)| {
                 let share = trail.shares.iter().find(|s| &*s.replica == id)?;
                 Some((*key, share.part * estimate.size(trail.seen) * trail.weight))

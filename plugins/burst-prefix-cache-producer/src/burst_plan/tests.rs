@@ -83,7 +83,7 @@ fn burst_with(
             .map(|(g, positions)| WindowGroup {
                 key: GroupKey {
                     blocks: 4,
-                    digest: *g as u64,
+                    digest: seed << 32 | *g as u64,
                 },
                 positions,
                 weight: 1.0,
@@ -288,4 +288,31 @@ fn requests_of_several_prompts_are_one_group_only_when_all_their_blocks_agree() 
     assert_ne!(GroupKey::of(&a), GroupKey::of(&b));
     assert_eq!(GroupKey::of(&a), GroupKey::of(&a.clone()));
     assert_eq!(GroupKey::of(&[]), None);
+}
+
+#[test]
+fn a_step_after_a_finished_one_is_balanced_afresh() {
+    // Step 2 starts 600 ms after step 1's last request, all of step 1 done: the groups step 1
+    // left in memory no longer weigh on the replicas they used.
+    let mut plan = BurstPlan::new(2000);
+    let mut now = 0;
+    for (step, sizes) in [&UNEQUAL[..], &[16; 32], &[128; 4]].into_iter().enumerate() {
+        let (load, _, _) = burst_with(
+            &mut plan,
+            &mut now,
+            sizes,
+            &[0; 8],
+            step as u64 + 1,
+            40,
+            false,
+        );
+        let fair = sizes.iter().sum::<usize>() as f64 / 8.0;
+        if step > 0 {
+            assert!(
+                load.iter().all(|&n| (n as f64 - fair).abs() <= 0.15 * fair),
+                "step {step}: {load:?}"
+            );
+        }
+        now += 600;
+    }
 }
