@@ -75,6 +75,7 @@ pub struct WindowGroup<'a> {
 /// What the plan remembers of one group.
 #[derive(Debug)]
 struct Trail {
+    first_ms: u64,
     last_ms: u64,
     /// When (in the plan's `arrivals`) its first member came.
     first_arrival: u64,
@@ -97,6 +98,8 @@ struct Share {
 #[derive(Debug)]
 pub struct BurstPlan {
     memory_ms: u64,
+    /// The batch window: the least time a group may pause and still count as arriving.
+    window_ms: u64,
     /// In key order, so that every sum and tie over the groups comes out the same for the
     /// same inputs.
     trails: BTreeMap<GroupKey, Trail>,
@@ -114,9 +117,11 @@ pub struct BurstPlan {
 }
 
 impl BurstPlan {
-    pub fn new(memory_ms: u64) -> Self {
+    /// A plan that remembers groups for `memory_ms`, behind batch windows of `window_ms`.
+    pub fn new(memory_ms: u64, window_ms: u64) -> Self {
         BurstPlan {
             memory_ms,
+            window_ms,
             trails: BTreeMap::new(),
             swept_ms: 0,
             now_ms: 0,
@@ -153,6 +158,7 @@ impl BurstPlan {
             }
             let first_arrival = self.arrivals + group.positions[0] as u64;
             let trail = self.trails.entry(group.key).or_insert_with(|| Trail {
+                first_ms: now_ms,
                 last_ms: now_ms,
                 first_arrival,
                 seen: 0,
@@ -249,16 +255,25 @@ impl BurstPlan {
             .collect()
     }
 
-    /// The groups still arriving: seen within a quarter of the memory. The plan balances their
-    /// whole estimated sizes; a group that stopped arriving weighs only through the requests
-    /// of it still in flight, which the replicas' carried load holds (and is followed again if
-    /// another of its requests comes).
+    /// The groups still arriving: their last member came within eight of their mean gaps
+    /// between members, or within a batch window (at most half the memory; a group seen once,
+    /// within a quarter of it). The plan balances
+    /// their whole estimated sizes; a group that stopped arriving weighs only through its
+    /// requests still in flight, which the replicas' carried load holds (and is followed again
+    /// if another of its requests comes).
     fn active(&self) -> impl Iterator<Item = &Trail> + Clone {
         self.trails.values().filter(|t| self.is_active(t))
     }
 
     fn is_active(&self, trail: &Trail) -> bool {
-        trail.last_ms.saturating_add(self.memory_ms / 4) >= self.now_ms
+        let pause = if trail.seen < 2 {
+            // No pace yet: a group's second member may be far behind its first.
+            self.memory_ms / 4
+        } else {
+            let pace = (trail.last_ms - trail.first_ms) / (trail.seen as u64 - 1);
+            (8 * pace).max(self.window_ms).min(self.memory_ms / 2)
+        };
+        trail.last_ms.saturating_add(pause) >= self.now_ms
     }
 
     /// Whether the burst's groups look all known: twice as many members as there are

@@ -164,7 +164,7 @@ fn create(instance_name: &str, parameters: &str) -> Result<Instance, PluginError
     let config = BurstConfig::parse(parameters)?;
     let plan = config
         .group_memory()
-        .map(|ms| Mutex::new(BurstPlan::new(ms)));
+        .map(|ms| Mutex::new(BurstPlan::new(ms, config.window_ms())));
     Ok(Instance::producer(BurstProducer {
         name: instance_name.to_owned(),
         config,

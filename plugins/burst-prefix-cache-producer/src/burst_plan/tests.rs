@@ -112,7 +112,7 @@ fn measure(sizes: &[usize], max_window: u64) -> (f64, usize, f64) {
     let fair = sizes.iter().sum::<usize>() as f64 / 8.0;
     let (mut total, mut worst, mut deviation) = (0, 0, 0.0f64);
     for seed in 1..=20 {
-        let mut plan = BurstPlan::new(2000);
+        let mut plan = BurstPlan::new(2000, 100);
         let (load, pairs) = burst_over_windows(&mut plan, &mut 0, sizes, 8, seed, max_window);
         assert_eq!(load.iter().sum::<usize>(), sizes.iter().sum::<usize>());
         total += pairs;
@@ -198,7 +198,7 @@ fn the_same_burst_is_placed_the_same_by_every_fresh_plan() {
     ] {
         for seed in 1..=5 {
             let run = || {
-                let mut plan = BurstPlan::new(2000);
+                let mut plan = BurstPlan::new(2000, 100);
                 burst_with(&mut plan, &mut 0, sizes, &[0; 8], seed, max_window, false).2
             };
             assert_eq!(
@@ -213,7 +213,7 @@ fn the_same_burst_is_placed_the_same_by_every_fresh_plan() {
 #[test]
 fn a_replica_loaded_by_other_traffic_does_not_stop_the_others_balancing() {
     // One replica carries 1000 requests of other traffic: the burst spreads over the 7 others.
-    let mut plan = BurstPlan::new(2000);
+    let mut plan = BurstPlan::new(2000, 100);
     let carried = [1000, 0, 0, 0, 0, 0, 0, 0];
     let (load, pairs, _) = burst_with(&mut plan, &mut 0, &[128; 4], &carried, 3, 40, false);
     assert_eq!(load[0], 0, "{load:?}");
@@ -225,7 +225,7 @@ fn a_replica_loaded_by_other_traffic_does_not_stop_the_others_balancing() {
 fn lone_requests_beside_a_burst_do_not_hold_its_splits_back() {
     // One request of a prompt nobody else sends joins every window.
     for max_window in [10, 40] {
-        let mut plan = BurstPlan::new(2000);
+        let mut plan = BurstPlan::new(2000, 100);
         let (load, pairs, _) =
             burst_with(&mut plan, &mut 0, &[128; 4], &[0; 8], 5, max_window, true);
         let fair = load.iter().sum::<usize>() as f64 / 8.0;
@@ -259,7 +259,7 @@ fn a_group_whose_replicas_all_left_goes_on_elsewhere_and_returns_when_they_do() 
         weight: 1.0,
         cached_on: &[],
     };
-    let mut plan = BurstPlan::new(2000);
+    let mut plan = BurstPlan::new(2000, 100);
     let first = plan.place(0, &[group(&[0])], &replicas(&ids));
     let home = ids[first[0][0]];
     let others: Vec<&'static str> = ids.iter().copied().filter(|&id| id != home).collect();
@@ -294,7 +294,7 @@ fn requests_of_several_prompts_are_one_group_only_when_all_their_blocks_agree() 
 fn a_step_after_a_finished_one_is_balanced_afresh() {
     // Step 2 starts 600 ms after step 1's last request, all of step 1 done: the groups step 1
     // left in memory no longer weigh on the replicas they used.
-    let mut plan = BurstPlan::new(2000);
+    let mut plan = BurstPlan::new(2000, 100);
     let mut now = 0;
     for (step, sizes) in [&UNEQUAL[..], &[16; 32], &[128; 4]].into_iter().enumerate() {
         let (load, _, _) = burst_with(
@@ -315,4 +315,16 @@ fn a_step_after_a_finished_one_is_balanced_afresh() {
         }
         now += 600;
     }
+}
+
+#[test]
+fn a_large_group_that_stopped_arriving_does_not_skew_the_next_burst() {
+    // A warm-up of 512 requests of one prompt, done 150 ms before a burst of 32 × 16: the
+    // burst is placed as if it were alone.
+    let mut plan = BurstPlan::new(2000, 100);
+    let mut now = 0;
+    burst_with(&mut plan, &mut now, &[512], &[0; 8], 9, 200, false);
+    now += 150;
+    let (load, pairs, _) = burst_with(&mut plan, &mut now, &[16; 32], &[0; 8], 1, 10, false);
+    assert_eq!((load, pairs), (vec![64; 8], 32));
 }
