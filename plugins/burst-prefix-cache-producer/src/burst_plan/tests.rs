@@ -394,3 +394,12 @@ fn overlapping_steps_stay_near_whole_and_the_fleet_near_balanced() {
         pairs.len()
     );
 }
+
+#[test]
+fn one_prompt_alone_spreads_over_the_replicas_as_it_grows() {
+    // A single prompt's 256 samples, four a window, over 8 replicas.
+    let mut plan = BurstPlan::new(2000, 100);
+    let (load, pairs, _) = burst_with(&mut plan, &mut 0, &[256], &[0; 8], 1, 4, false);
+    assert!(load.iter().all(|&n| n.abs_diff(32) <= 4), "{load:?}");
+    assert_eq!(pairs, 8);
+}
