@@ -293,9 +293,11 @@ impl BurstPlan {
     fn rebalance(&mut self, fleet: &mut Fleet<'_>, estimate: &SizeEstimate) {
         // Each move brings a replica down to the level, another up to it, or a group's part on
         // a replica to zero, so the moves are bounded by replicas plus groups; the cap guards.
+        // Replicas passed over: nothing of theirs can move far enough to matter.
+        let mut passed = vec![false; fleet.replicas.len()];
         for _ in 0..(fleet.replicas.len() + self.trails.len()) * 2 {
             let mut over: Vec<usize> = (0..fleet.replicas.len())
-                .filter(|&r| fleet.planned[r] > fleet.ceiling)
+                .filter(|&r| !passed[r] && fleet.planned[r] > fleet.ceiling)
                 .collect();
             over.sort_by(|&a, &b| fleet.order(b, a));
             let Some((over, key, load)) = over.into_iter().find_map(|over| {
@@ -320,9 +322,11 @@ impl BurstPlan {
             let amount = load
                 .min(fleet.planned[over] - fleet.level)
                 .min(fleet.level - fleet.planned[target]);
-            // Less than half a member would only scatter single requests.
-            if target == over || amount < fleet.per_member / 2.0 || size <= 0.0 {
-                return;
+            // Half a member or less would only scatter single requests (and a group of two
+            // stays whole where it would even out one request).
+            if target == over || amount <= fleet.per_member / 2.0 || size <= 0.0 {
+                passed[over] = true;
+                continue;
             }
             let part = amount / size;
             let (from_id, target_id) = (fleet.replicas[over].id, fleet.replicas[target].id);
