@@ -435,9 +435,12 @@ async fn bad_requests_get_openai_shaped_errors() {
             "method_not_allowed",
         ),
     ];
-    for (method, path, body, status, code) in cases {
-        let response = send(router.api(), method, path, &[], &body).await;
+    for (i, (method, path, body, status, code)) in cases.into_iter().enumerate() {
+        // The router's own errors carry the request's id too.
+        let id = format!("err-{i}");
+        let response = send(router.api(), method, path, &[("x-request-id", &id)], &body).await;
         assert_eq!(response.status(), status, "{method} {path} {body:.60}");
+        assert_eq!(header(&response, "x-request-id"), id, "{method} {path}");
         let error = json(response).await;
         assert_eq!(error["error"]["code"], code, "{error}");
         assert!(error["error"]["message"]
@@ -453,6 +456,21 @@ async fn bad_requests_get_openai_shaped_errors() {
             "switchyard_requests_total{outcome=\"body_too_large\""
         ),
         1.0
+    );
+
+    // An id with a space is not a usable id: the router makes its own.
+    let response = send(
+        router.api(),
+        "POST",
+        "/v2/unknown",
+        &[("x-request-id", "two words")],
+        "{}",
+    )
+    .await;
+    let generated = header(&response, "x-request-id");
+    assert!(
+        !generated.is_empty() && !generated.contains(' '),
+        "{generated:?}"
     );
 
     // No endpoints at all: 503 with the reference's reason header.

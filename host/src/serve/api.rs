@@ -65,6 +65,17 @@ impl RequestIds {
 
 impl Router {
     pub async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Response<ServeBody> {
+        // Every answer carries the request's id, the router's own errors included.
+        let request_id =
+            client_request_id(request.headers()).unwrap_or_else(|| self.ids.generate());
+        let mut response = self.answer(request, &request_id).await;
+        if let Ok(value) = HeaderValue::from_str(&request_id) {
+            response.headers_mut().insert(REQUEST_ID, value);
+        }
+        response
+    }
+
+    async fn answer(&self, request: Request<Incoming>, request_id: &str) -> Response<ServeBody> {
         let api = match request.uri().path() {
             "/v1/completions" => Api::Completions,
             "/v1/chat/completions" => Api::ChatCompletions,
@@ -79,7 +90,7 @@ impl Router {
         if request.method() != Method::POST {
             return method_not_allowed("POST");
         }
-        match self.inference(api, request).await {
+        match self.inference(api, request, request_id).await {
             Ok(response) => response,
             Err(error) => {
                 self.metrics.request(error.outcome, "");
@@ -92,17 +103,12 @@ impl Router {
         &self,
         api: Api,
         request: Request<Incoming>,
+        request_id: &str,
     ) -> Result<Response<ServeBody>, ApiError> {
         let (parts, incoming) = request.into_parts();
         let bytes = self.read_body(&parts.headers, incoming).await?;
         let parsed = body::parse(api, &bytes).map_err(|e| ApiError::bad_request(e.message))?;
-        let client_id = parts
-            .headers
-            .get(REQUEST_ID)
-            .filter(|v| !v.is_empty() && v.len() <= 256)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-            .unwrap_or_else(|| self.ids.generate());
+        let client_id = request_id.to_string();
         let mut journal = self.journal.as_ref().map(|j| {
             j.entry(
                 &parsed.model,
@@ -330,6 +336,15 @@ impl Router {
             &serde_json::json!({"object": "list", "data": data}),
         )
     }
+}
+
+/// The client's `x-request-id` when it is usable: 1 to 256 visible ASCII characters (no space
+/// or tab, which would not survive being logged and forwarded as one token).
+fn client_request_id(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(REQUEST_ID)?.as_bytes();
+    let visible = |b: &u8| (0x21..=0x7e).contains(b);
+    (!value.is_empty() && value.len() <= 256 && value.iter().all(visible))
+        .then(|| String::from_utf8_lossy(value).into_owned())
 }
 
 /// No candidate accepted a connection; `last` refused with `failure`.
