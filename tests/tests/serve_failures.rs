@@ -376,6 +376,58 @@ async fn a_replica_failing_mid_stream_ends_the_client_stream_with_an_error() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn failures_before_the_answer_are_counted_against_their_replica() {
+    let replica = start_replica("flaky", &["--decode-tokens-per-second", "50"]).await;
+    let dir = temp_dir("serve-failures-before-answer");
+    let config = static_config(&[("flaky", replica.addr.to_string())]);
+    let router = start_router(&dir, &config, "request_timeout_ms = 500", &[]).await;
+
+    // The replica resets the connection before its head: 502, counted against it.
+    let response = send(
+        router.api(),
+        "POST",
+        COMPLETIONS,
+        &[
+            ("x-mock-fault", "reset-after=0"),
+            ("x-request-id", "reset-1"),
+        ],
+        &completion(4, false),
+    )
+    .await;
+    assert_eq!(response.status(), 502);
+    assert_eq!(
+        response.headers().get("x-request-id").map(|v| v.as_bytes()),
+        Some(&b"reset-1"[..])
+    );
+    assert_eq!(json(response).await["error"]["code"], "upstream_error");
+
+    // The replica takes longer than request_timeout_ms (100 tokens at 50 a second): 504.
+    let response = send(
+        router.api(),
+        "POST",
+        COMPLETIONS,
+        &[("x-request-id", "slow-1")],
+        &completion(100, false),
+    )
+    .await;
+    assert_eq!(response.status(), 504);
+    assert_eq!(
+        response.headers().get("x-request-id").map(|v| v.as_bytes()),
+        Some(&b"slow-1"[..])
+    );
+    assert_router_idle(&router, "after the failures").await;
+
+    let page = metrics_page(router.metrics).await;
+    for outcome in ["upstream_error", "timeout"] {
+        let unlabelled =
+            format!("switchyard_requests_total{{outcome=\"{outcome}\",endpoint=\"\"}}");
+        assert_eq!(metric_sum(&page, &unlabelled), 0.0, "{page}");
+        let any = format!("switchyard_requests_total{{outcome=\"{outcome}\"");
+        assert_eq!(metric_sum(&page, &any), 1.0, "{page}");
+    }
+}
+
 // 4. The discovery file replaced under load.
 
 fn discovery_yaml(replicas: &[(&str, SocketAddr)]) -> String {

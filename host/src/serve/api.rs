@@ -93,7 +93,8 @@ impl Router {
         match self.inference(api, request, request_id).await {
             Ok(response) => response,
             Err(error) => {
-                self.metrics.request(error.outcome, "");
+                self.metrics
+                    .request(error.outcome, error.endpoint.as_deref().unwrap_or(""));
                 error.into_response()
             }
         }
@@ -214,7 +215,8 @@ impl Router {
                             "{} did not answer within request_timeout_ms = {}",
                             placed.endpoint_id, self.settings.request_timeout_ms
                         ),
-                    ));
+                    )
+                    .at(&placed.endpoint_id));
                 }
             };
             charge.finish(Outcome::Failed);
@@ -228,7 +230,8 @@ impl Router {
                     "upstream_error",
                     RequestOutcome::UpstreamError,
                     format!("{} failed before answering: {failure}", placed.endpoint_id),
-                ));
+                )
+                .at(&placed.endpoint_id));
             }
             self.metrics.upstream_error(&placed.endpoint_id, "connect");
             self.live.eject(&placed.endpoint_id);

@@ -75,6 +75,8 @@ pub struct ApiError {
     /// `x-llm-d-request-dropped-reason`, for rejections.
     pub dropped_reason: Option<&'static str>,
     pub retry_after_seconds: Option<u32>,
+    /// The replica the error happened at, for the outcome's `endpoint` label.
+    pub endpoint: Option<String>,
 }
 
 impl ApiError {
@@ -97,7 +99,14 @@ impl ApiError {
             outcome,
             dropped_reason: None,
             retry_after_seconds: None,
+            endpoint: None,
         }
+    }
+
+    /// The same error, counted against `endpoint`.
+    pub fn at(mut self, endpoint: &str) -> ApiError {
+        self.endpoint = Some(endpoint.to_string());
+        self
     }
 
     pub fn bad_request(message: impl Into<String>) -> ApiError {
