@@ -123,6 +123,33 @@ async fn routes_forward_stream_and_answer_models() {
         .any(|p| p["type"] == "burst-prefix-cache-producer" && p["calls"].as_u64() > Some(0)));
     let state = json(send(router.admin, "GET", "/plugins/state", &[], "").await).await;
     assert!(state.as_object().is_some_and(|s| !s.is_empty()), "{state}");
+    // A plugin without a state says so; none is a bare null.
+    assert!(
+        state
+            .as_object()
+            .is_some_and(|s| s.values().all(|v| !v.is_null())),
+        "{state}"
+    );
+    // The operator routes' errors are JSON like every other error.
+    for (addr, method, path, status, code) in [
+        (router.admin, "GET", "/nope", 404, "unknown_route"),
+        (
+            router.admin,
+            "POST",
+            "/decisions",
+            405,
+            "method_not_allowed",
+        ),
+        (router.metrics, "GET", "/nope", 404, "unknown_route"),
+    ] {
+        let response = send(addr, method, path, &[], "").await;
+        assert_eq!(response.status(), status, "{method} {path}");
+        assert_eq!(
+            json(response).await["error"]["code"],
+            code,
+            "{method} {path}"
+        );
+    }
     let config = body_bytes(send(router.admin, "GET", "/config", &[], "").await).await;
     assert!(String::from_utf8_lossy(&config).contains("burst-prefix-cache-producer"));
 

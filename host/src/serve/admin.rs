@@ -11,7 +11,8 @@ use serde_json::{json, Value};
 
 use super::api::Router;
 use super::metrics::Metrics;
-use super::response::{self, ServeBody};
+use super::metrics::RequestOutcome;
+use super::response::{self, ApiError, ServeBody};
 use crate::fleet::FleetState;
 use crate::live::LiveScheduler;
 
@@ -76,11 +77,7 @@ pub async fn observe<O: Observed>(
                 }),
             )
         }
-        _ => response::text(
-            StatusCode::NOT_FOUND,
-            "routes: /metrics /health /ready\n".into(),
-            "text/plain",
-        ),
+        _ => unknown_route("routes: /metrics /health /ready"),
     }
 }
 
@@ -136,7 +133,14 @@ pub async fn admin<O: Observed>(
             let mut states = serde_json::Map::new();
             for (label, state) in router.live().plugin_states() {
                 let value = match state {
-                    Ok(text) => serde_json::from_str(&text).unwrap_or(Value::String(text)),
+                    Ok(text) => match serde_json::from_str(&text) {
+                        Ok(Value::Null) => json!({"unavailable": "the plugin reports no state"}),
+                        Ok(value) => value,
+                        Err(_) if text.trim().is_empty() => {
+                            json!({"unavailable": "the plugin reports no state"})
+                        }
+                        Err(_) => Value::String(text),
+                    },
                     Err(reason) => json!({"unavailable": reason}),
                 };
                 states.insert(label, value);
@@ -180,21 +184,35 @@ pub async fn admin<O: Observed>(
             effective_config.to_string(),
             "text/plain; charset=utf-8",
         ),
-        _ => response::text(
-            StatusCode::NOT_FOUND,
-            "routes: /decisions[?limit=N] /plugins /plugins/state /fleet /config\n".into(),
-            "text/plain",
-        ),
+        _ => unknown_route("routes: /decisions[?limit=N] /plugins /plugins/state /fleet /config"),
     }
 }
 
 /// Both listeners answer GET only.
 fn get_only(request: &Request<Incoming>) -> Option<Response<ServeBody>> {
     (request.method() != Method::GET).then(|| {
-        response::text(
+        let mut refusal = ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
-            "GET only\n".into(),
-            "text/plain",
+            "method_not_allowed",
+            RequestOutcome::BadRequest,
+            "these routes take GET",
         )
+        .into_response();
+        refusal.headers_mut().insert(
+            hyper::header::ALLOW,
+            hyper::header::HeaderValue::from_static("GET"),
+        );
+        refusal
     })
+}
+
+/// A 404 naming the listener's routes, as an OpenAI-shaped JSON error like every other error.
+fn unknown_route(routes: &str) -> Response<ServeBody> {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "unknown_route",
+        RequestOutcome::BadRequest,
+        routes,
+    )
+    .into_response()
 }
