@@ -57,8 +57,8 @@ SWITCHYARD_ADMIN=28412
 SGLANG_PORT=28420
 SGLANG_METRICS=28421
 
-work=$(mktemp -d)
-pids=()
+# The scratch directory, the pids stopped on exit, need and wait_for: shared with bench/router.
+. "$repo/bench/router/common.sh"
 # Stops the given pids (all started here), waits for them and forgets them, so a pid is
 # never signalled again after it may have been reused.
 stop() {
@@ -70,26 +70,6 @@ stop() {
         [[ " $* " == *" $p "* ]] || keep+=("$p")
     done
     pids=("${keep[@]+"${keep[@]}"}")
-}
-cleanup() {
-    if [ ${#pids[@]} -gt 0 ]; then stop "${pids[@]}"; fi
-    if [ "${KEEP_WORK:-0}" = 1 ]; then echo "logs kept in $work"; else rm -rf "$work"; fi
-}
-trap cleanup EXIT
-
-need() { command -v "$1" >/dev/null || { echo "missing: $1 ($2)" >&2; exit 1; }; }
-# wait_for SECONDS CURL-ARGS...: until curl succeeds, or fail after SECONDS.
-wait_for() {
-    local seconds=$1
-    shift
-    local deadline=$((SECONDS + seconds))
-    until curl -sf -o /dev/null --max-time 2 "$@"; do
-        if [ $SECONDS -ge $deadline ]; then
-            echo "timed out waiting for: curl $*" >&2
-            return 1
-        fi
-        sleep 0.2
-    done
 }
 
 need curl "apt-get install -y curl"

@@ -302,24 +302,18 @@ impl Producer for BurstProducer {
         // nothing and would pull it away. (The reference placement gives lone requests no
         // affinity anyway.)
         let mut placed_counts = std::borrow::Cow::Borrowed(&counts);
-        let mut home_list = Vec::new();
-        let mut home_ends = Vec::new();
         if fair_share && self.config.cached_match_producer().is_some() {
-            let mut cached = vec![false; items.len()];
-            for (i, item) in items.iter().enumerate() {
-                if counts[i] > 0 {
-                    cached[i] = whole_prompt_homes(item, spread_over, &mut home_list);
-                }
-                home_ends.push(home_list.len());
-            }
+            let cached: Vec<bool> = items.iter().map(cached_somewhere).collect();
             // A burst of fresh prompts, cached nowhere, skips the search for lone requests.
             if cached.contains(&true) {
                 let lone = lone_requests(&entries, &counts, self.config.colocate_blocks());
-                let mut start = 0;
                 for (i, (&lone, &cached)) in lone.iter().zip(&cached).enumerate() {
-                    let homed = self.plan.is_some() && home_ends[i] > start;
-                    start = home_ends[i];
-                    if lone && cached && !homed {
+                    // With the plan, a prompt some candidate holds whole continues there.
+                    if lone
+                        && cached
+                        && (self.plan.is_none()
+                            || whole_prompt_homes(&items[i], spread_over).is_empty())
+                    {
                         // Without blocks to place, the fair share leaves it out.
                         placed_counts.to_mut()[i] = 0;
                     }
@@ -328,23 +322,13 @@ impl Producer for BurstProducer {
         }
         let assigned = if let Some(plan) = self.plan.as_ref() {
             let replicas = self.replicas(spread_over, first_with_blocks);
-            let homes = |i: usize| {
-                let start = i
-                    .checked_sub(1)
-                    .and_then(|j| home_ends.get(j))
-                    .copied()
-                    .unwrap_or(0);
-                home_ends
-                    .get(i)
-                    .map_or(&[][..], |&end| &home_list[start..end])
-            };
             self.place_by_plan(
                 &mut lock(plan),
-                items.first().map_or(0, |item| item.request.now_ms),
+                items,
                 &entries,
                 &placed_counts,
+                spread_over,
                 &replicas,
-                homes,
             )
         } else if fair_share && placed_counts.iter().any(|&count| count > 0) {
             assign_fair_share(
@@ -392,10 +376,7 @@ impl BurstProducer {
     /// with no other request to group with, its hashes cannot change the placement, so they
     /// are not computed. Returns the chosen endpoint's host index.
     fn place_alone(&self, item: &ProduceItem<'_>, count: usize) -> Option<u32> {
-        if count == 0
-            || (self.config.cached_match_producer().is_some()
-                && whole_prompt_homes(item, &[], &mut Vec::new()))
-        {
+        if count == 0 || (self.config.cached_match_producer().is_some() && cached_somewhere(item)) {
             return None;
         }
         let replicas = self.replicas(&item.endpoints, Some(item));
@@ -410,17 +391,17 @@ impl BurstProducer {
     }
 
     /// Places a window through the plan of recent bursts: requests with the same hash list
-    /// (with `minColocateBlocks`, the same leading blocks) are one group. `homes(i)` are the
-    /// replicas whose cache estimate holds request `i`'s whole prompt. Requests whose
-    /// `counts` entry is 0 get no affinity.
-    fn place_by_plan<'h>(
+    /// (with `minColocateBlocks`, the same leading blocks) are one group, hinted to the
+    /// candidates in `spread_over` whose cache estimate holds its first request's whole
+    /// prompt. Requests whose `counts` entry is 0 get no affinity.
+    fn place_by_plan(
         &self,
         plan: &mut BurstPlan,
-        now_ms: u64,
+        items: &[ProduceItem<'_>],
         entries: &[&[u64]],
         counts: &[usize],
+        spread_over: &[EndpointView<'_>],
         replicas: &[Replica<'_>],
-        homes: impl Fn(usize) -> &'h [usize],
     ) -> Vec<Option<usize>> {
         let colocate = self.config.colocate_blocks();
         let by_tokens = self.config.balance() == config::BalanceBy::Tokens;
@@ -443,10 +424,18 @@ impl BurstProducer {
             });
             members[g].push(i);
         }
+        let cached_on: Vec<Vec<usize>> = members
+            .iter()
+            .map(|positions| match self.config.cached_match_producer() {
+                Some(_) => whole_prompt_homes(&items[positions[0]], spread_over),
+                None => Vec::new(),
+            })
+            .collect();
         let groups: Vec<WindowGroup<'_>> = keys
             .iter()
             .zip(&members)
-            .map(|(&key, positions)| WindowGroup {
+            .zip(&cached_on)
+            .map(|((&key, positions), cached_on)| WindowGroup {
                 key,
                 positions,
                 weight: if by_tokens {
@@ -454,9 +443,10 @@ impl BurstProducer {
                 } else {
                     1.0
                 },
-                cached_on: homes(positions[0]),
+                cached_on,
             })
             .collect();
+        let now_ms = items.first().map_or(0, |item| item.request.now_ms);
         let mut assigned = vec![None; entries.len()];
         for (placed, members) in plan.place(now_ms, &groups, replicas).iter().zip(&members) {
             for (&replica, &i) in placed.iter().zip(members) {
@@ -524,39 +514,40 @@ fn put_matches(
     }
 }
 
-/// Appends to `homes` the positions in `spread_over` of the candidates whose cache estimate
-/// holds `item`'s whole prompt; returns whether the estimates give any candidate at least one
-/// block of it.
-fn whole_prompt_homes(
-    item: &ProduceItem<'_>,
-    spread_over: &[EndpointView<'_>],
-    homes: &mut Vec<usize>,
-) -> bool {
+/// Whether the cache estimates give any candidate of `item` at least one block of its prompt.
+fn cached_somewhere(item: &ProduceItem<'_>) -> bool {
+    item.endpoints.iter().any(|endpoint| {
+        matches!(
+            item.attrs.get(CONSUMES_CACHED_MATCH, endpoint),
+            Some(AttrValue::PrefixCacheMatch(info)) if info.match_blocks > 0
+        )
+    })
+}
+
+/// The positions in `spread_over` of the candidates whose cache estimate holds `item`'s whole
+/// prompt.
+fn whole_prompt_homes(item: &ProduceItem<'_>, spread_over: &[EndpointView<'_>]) -> Vec<usize> {
     let same_candidates = std::ptr::eq(item.endpoints.as_slice(), spread_over);
-    let mut cached = false;
-    for (position, endpoint) in item.endpoints.iter().enumerate() {
-        let Some(AttrValue::PrefixCacheMatch(info)) =
-            item.attrs.get(CONSUMES_CACHED_MATCH, endpoint)
-        else {
-            continue;
-        };
-        if info.match_blocks == 0 {
-            continue;
-        }
-        cached = true;
-        if info.match_blocks < info.total_blocks {
-            continue;
-        }
-        let at = if same_candidates {
-            Some(position)
-        } else {
-            spread_over
-                .iter()
-                .position(|e| e.host_index == endpoint.host_index)
-        };
-        homes.extend(at);
-    }
-    cached
+    item.endpoints
+        .iter()
+        .enumerate()
+        .filter(|(_, endpoint)| {
+            matches!(
+                item.attrs.get(CONSUMES_CACHED_MATCH, endpoint),
+                Some(AttrValue::PrefixCacheMatch(info))
+                    if info.match_blocks > 0 && info.match_blocks >= info.total_blocks
+            )
+        })
+        .filter_map(|(position, endpoint)| {
+            if same_candidates {
+                Some(position)
+            } else {
+                spread_over
+                    .iter()
+                    .position(|e| e.host_index == endpoint.host_index)
+            }
+        })
+        .collect()
 }
 
 /// Which requests with blocks no other request of the batch would be co-located with: none

@@ -62,48 +62,72 @@ fn burst_with(
         if background {
             window.push(usize::MAX - *now as usize);
         }
-        let views: Vec<Replica<'_>> = ids
+        let running: Vec<u64> = carried
             .iter()
-            .zip(carried)
             .zip(&load)
-            .map(|((id, &carried), &sent)| Replica {
-                id,
-                running_requests: carried + sent as u64,
-            })
+            .map(|(&carried, &sent)| carried + sent as u64)
             .collect();
-        let mut members: Vec<(usize, Vec<usize>)> = Vec::new();
-        for (position, &g) in window.iter().enumerate() {
-            match members.iter_mut().find(|(group, _)| *group == g) {
-                Some((_, positions)) => positions.push(position),
-                None => members.push((g, vec![position])),
-            }
-        }
-        let groups: Vec<WindowGroup<'_>> = members
+        let key = |g: usize| GroupKey {
+            blocks: 4,
+            digest: seed << 32 | g as u64,
+        };
+        for (&g, r) in window
             .iter()
-            .map(|(g, positions)| WindowGroup {
-                key: GroupKey {
-                    blocks: 4,
-                    digest: seed << 32 | *g as u64,
-                },
-                positions,
-                weight: 1.0,
-                cached_on: &[],
-            })
-            .collect();
-        let placed = plan.place(*now, &groups, &views);
-        for ((g, positions), targets) in members.iter().zip(&placed) {
-            let g = *g;
-            assert_eq!(targets.len(), positions.len());
-            for &r in targets {
-                load[r] += 1;
-                trace.push(r);
-                if g < sizes.len() {
-                    pairs.insert((g, r));
-                }
+            .zip(place_window(plan, *now, &window, key, &ids, &running))
+        {
+            load[r] += 1;
+            trace.push(r);
+            if g < sizes.len() {
+                pairs.insert((g, r));
             }
         }
     }
     (load, pairs.len(), trace)
+}
+
+/// Places one window through `plan`: `window[i]` is the group of the window's i-th request,
+/// `key` its key, over replicas `ids` running `running` requests. Returns each request's
+/// replica, in window order.
+fn place_window(
+    plan: &mut BurstPlan,
+    now: u64,
+    window: &[usize],
+    key: impl Fn(usize) -> GroupKey,
+    ids: &[String],
+    running: &[u64],
+) -> Vec<usize> {
+    let mut members: Vec<(usize, Vec<usize>)> = Vec::new();
+    for (position, &g) in window.iter().enumerate() {
+        match members.iter_mut().find(|(group, _)| *group == g) {
+            Some((_, positions)) => positions.push(position),
+            None => members.push((g, vec![position])),
+        }
+    }
+    let groups: Vec<WindowGroup<'_>> = members
+        .iter()
+        .map(|(g, positions)| WindowGroup {
+            key: key(*g),
+            positions,
+            weight: 1.0,
+            cached_on: &[],
+        })
+        .collect();
+    let views: Vec<Replica<'_>> = ids
+        .iter()
+        .zip(running)
+        .map(|(id, &running)| Replica {
+            id,
+            running_requests: running,
+        })
+        .collect();
+    let mut replica_of = vec![0; window.len()];
+    for ((_, positions), targets) in members.iter().zip(plan.place(now, &groups, &views)) {
+        assert_eq!(targets.len(), positions.len());
+        for (&position, r) in positions.iter().zip(targets) {
+            replica_of[position] = r;
+        }
+    }
+    replica_of
 }
 
 /// Every shape, over windows of 1..=`max_window`, 20 arrival orders: the mean and worst
@@ -353,36 +377,13 @@ fn overlapping_steps_stay_near_whole_and_the_fleet_near_balanced() {
     let mut load = vec![0usize; 8];
     let mut pairs = BTreeSet::new();
     for window in arrivals.chunk_by(|a, b| a.0 == b.0) {
-        let mut members: Vec<(usize, Vec<usize>)> = Vec::new();
-        for (position, &(_, g)) in window.iter().enumerate() {
-            match members.iter_mut().find(|(group, _)| *group == g) {
-                Some((_, positions)) => positions.push(position),
-                None => members.push((g, vec![position])),
-            }
-        }
-        let groups: Vec<WindowGroup<'_>> = members
-            .iter()
-            .map(|(g, positions)| WindowGroup {
-                key: GroupKey::of(&[*g as u64 + 1]).unwrap(),
-                positions,
-                weight: 1.0,
-                cached_on: &[],
-            })
-            .collect();
-        let views: Vec<Replica<'_>> = ids
-            .iter()
-            .zip(&load)
-            .map(|(id, &sent)| Replica {
-                id,
-                running_requests: sent as u64,
-            })
-            .collect();
-        let placed = plan.place(window[0].0, &groups, &views);
-        for ((g, _), targets) in members.iter().zip(&placed) {
-            for &r in targets {
-                load[r] += 1;
-                pairs.insert((*g, r));
-            }
+        let groups: Vec<usize> = window.iter().map(|&(_, g)| g).collect();
+        let running: Vec<u64> = load.iter().map(|&n| n as u64).collect();
+        let key = |g: usize| GroupKey::of(&[g as u64 + 1]).unwrap();
+        let placed = place_window(&mut plan, window[0].0, &groups, key, &ids, &running);
+        for (&g, r) in groups.iter().zip(placed) {
+            load[r] += 1;
+            pairs.insert((g, r));
         }
     }
     // Two bursts at different stages blur the size estimate: within 15% here, where one burst
