@@ -1,9 +1,10 @@
 //! Runs many decisions of the `decision` bench's single-request shape without criterion, for
 //! instruction-count profiling (e.g. under callgrind):
 //!
-//! `decision_loop [config] [endpoints] [tokens] [iterations]`
+//! `decision_loop [config] [endpoints] [tokens] [iterations] [records]`
 //!
-//! Defaults: `approx-prefix-load.toml`, 64 endpoints, 8192 tokens, 2000 iterations. Prints the
+//! Defaults: `approx-prefix-load.toml`, 64 endpoints, 8192 tokens, 2000 iterations, no
+//! decision records (`records` builds one per decision, as `serve` does by default). Prints the
 //! mean time per decision spent in the scheduler and in each plugin's timed calls, and its
 //! ratio to hashing the same prompt alone, measured in the same iterations. The plugin
 //! libraries are loaded from `target/release` (build them with `cargo build --release
@@ -27,11 +28,17 @@ fn main() {
     let endpoints: usize = args.get(1).map_or(64, |a| a.parse().expect("endpoints"));
     let tokens: usize = args.get(2).map_or(8192, |a| a.parse().expect("tokens"));
     let iterations: usize = args.get(3).map_or(2000, |a| a.parse().expect("iterations"));
+    let records = match args.get(4).map(String::as_str) {
+        None => false,
+        Some("records") => true,
+        Some(other) => panic!("the fifth argument is `records` or nothing, not `{other}`"),
+    };
 
     let (config, options) = load(&file, &workspace_root().join("target").join("release"));
     let registry = load_registry(&config, &options).unwrap_or_else(|e| panic!("{e}"));
     let pipeline = build(&config, &registry, &options).unwrap_or_else(|e| panic!("{e}"));
     let mut scheduler = Scheduler::new(Arc::new(pipeline), fleet(endpoints), 7);
+    scheduler.set_explain(records);
     let window = window_ms(&scheduler);
     let pool: Vec<Vec<u32>> = (0..PROMPT_POOL).map(|k| prompt(k, tokens)).collect();
 

@@ -3,12 +3,13 @@
 
 use std::collections::HashMap;
 use std::io::Write;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::jsonl;
 use crate::live::body::PromptField;
-use crate::pipeline::record::DecisionRecord;
+use crate::pipeline::record::DecisionTrace;
 use crate::pipeline::{ChatMessage, Decision, Endpoint, Fleet, Prompt, Request, Scheduler};
 use switchyard_plugin_api::EndpointMetrics;
 
@@ -112,8 +113,18 @@ pub struct ReplayOutput {
     pub endpoints: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub decision: Option<DecisionRecord>,
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "render_trace"
+    )]
+    pub decision: Option<Arc<DecisionTrace>>,
+}
+
+fn render_trace<S: serde::Serializer>(
+    trace: &Option<Arc<DecisionTrace>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    trace.as_deref().serialize(serializer)
 }
 
 pub use crate::jsonl::LineError as InputError;

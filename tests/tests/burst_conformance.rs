@@ -105,7 +105,11 @@ fn assigned(
     block_size: u64,
     replicas: usize,
 ) -> Option<String> {
-    let record = decision.record.as_ref().expect("explained decision");
+    let record = decision
+        .record
+        .as_ref()
+        .expect("explained decision")
+        .render();
     let producer = record
         .producers
         .iter()
@@ -453,8 +457,8 @@ fn window_opens_at_first_request_and_does_not_slide() {
             .record
             .as_ref()
             .unwrap()
+            .render()
             .window
-            .clone()
             .expect("window record");
         assert_eq!(
             (window.opened_ms, window.sealed_ms, window.batch_size),
@@ -468,7 +472,7 @@ fn window_opens_at_first_request_and_does_not_slide() {
     assert!(scheduler.advance(249.0).is_empty());
     let second = scheduler.advance(250.0);
     assert_eq!(second.len(), 1);
-    let window = second[0].record.as_ref().unwrap().window.clone().unwrap();
+    let window = second[0].record.as_ref().unwrap().render().window.unwrap();
     assert_eq!(
         (window.opened_ms, window.sealed_ms, window.batch_size),
         (150.0, 250.0, 1)
@@ -497,7 +501,7 @@ fn a_quiet_window_seals_once_arrivals_pause_and_never_after_the_window() {
     let sealed = scheduler.advance(24.0);
     assert_eq!(sealed.len(), 3);
     for d in &sealed {
-        let window = d.record.as_ref().unwrap().window.clone().unwrap();
+        let window = d.record.as_ref().unwrap().render().window.unwrap();
         assert_eq!(
             (window.opened_ms, window.sealed_ms, window.batch_size),
             (0.0, 24.0, 3)
@@ -537,7 +541,7 @@ fn max_batch_size_overflow_gets_the_error_and_is_still_scheduled() {
     let decision = &overflow[0];
     assert!(decision.result.is_ok());
     assert_eq!(decision.decided_ms, 2.0);
-    let record = decision.record.as_ref().unwrap();
+    let record = decision.record.as_ref().unwrap().render();
     let burst = record
         .producers
         .iter()

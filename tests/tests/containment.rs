@@ -159,7 +159,7 @@ fn a_put_past_the_declared_keys_never_reaches_another_requests_values() {
     let decisions = scheduler.advance(10.0);
     assert_eq!(decisions.len(), 2);
     for (index, decision) in decisions.iter().enumerate() {
-        let record = decision.record.as_ref().expect("explained");
+        let record = decision.record.as_ref().expect("explained").render();
         let producer = record
             .producers
             .iter()
@@ -186,7 +186,7 @@ fn a_produced_value_of_another_type_than_its_key_discards_the_call() {
     scheduler.set_explain(true);
     let decisions = scheduler.submit(request("a"), 0.0);
     assert!(decisions[0].result.is_ok());
-    let record = decisions[0].record.as_ref().unwrap();
+    let record = decisions[0].record.as_ref().unwrap().render();
     let producer = record
         .producers
         .iter()

@@ -48,7 +48,7 @@ fn matched(
     decisions
         .into_iter()
         .map(|d| {
-            let record = d.record.expect("explained");
+            let record = d.record.expect("explained").render();
             let chosen = d.endpoints[0].clone();
             let producer = &record.producers[1];
             let match_blocks = producer

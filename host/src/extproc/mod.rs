@@ -70,14 +70,13 @@ impl Picker {
         };
         let fleet = self.fleet.current();
         decision
-            .totals
-            .iter()
-            .filter_map(|t| {
+            .totals()
+            .filter_map(|(endpoint, score)| {
                 fleet
                     .members
                     .iter()
-                    .find(|m| m.endpoint.id == t.endpoint)
-                    .map(|m| (m.endpoint.address.clone(), t.score))
+                    .find(|m| m.endpoint.id == endpoint)
+                    .map(|m| (m.endpoint.address.clone(), score))
             })
             .collect()
     }

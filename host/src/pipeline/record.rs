@@ -1,7 +1,18 @@
 //! Decision records: what each stage saw and did for one request, for `replay` output and
 //! for operators asking "why did this request go there?".
+//!
+//! A decision keeps a [`DecisionTrace`]: fleet slots, plugin and key indices and raw values,
+//! a few small buffers and no strings, so keeping one for every request costs little. It
+//! becomes a [`DecisionRecord`], with names, only when someone reads it.
+
+use std::sync::Arc;
 
 use serde::Serialize;
+use switchyard_plugin_api::AttrValue;
+
+use super::request::Endpoint;
+use super::scheduler::clamp_score;
+use super::wiring::Pipeline;
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct DecisionRecord {
@@ -95,5 +106,168 @@ pub fn attribute_json(value: &switchyard_plugin_api::AttrValue) -> serde_json::V
             "tpotMs": v.tpot_ms,
         }),
         AttrValue::Custom(bytes) => serde_json::json!({ "customBytes": bytes.len() }),
+    }
+}
+
+/// What one decision did, in the scheduler's terms. Serializes as its [`DecisionRecord`].
+#[derive(Clone)]
+pub struct DecisionTrace {
+    pipeline: Arc<Pipeline>,
+    /// The candidates; every slot below indexes them.
+    endpoints: Arc<[Endpoint]>,
+    pub(super) window: Option<WindowTrace>,
+    pub(super) producers: Vec<ProducerTrace>,
+    pub(super) filters: Vec<FilterTrace>,
+    pub(super) scorers: Vec<ScorerTrace>,
+    /// Slots of the candidates left for scoring, in order; each scorer's raw scores and
+    /// `totals` follow it.
+    pub(super) scored: Vec<u32>,
+    pub(super) totals: Vec<f64>,
+    pub(super) picked: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct WindowTrace {
+    /// Plugin index of the batching producer.
+    pub producer: usize,
+    pub opened_ms: f64,
+    pub sealed_ms: f64,
+    pub batch_size: usize,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct ProducerTrace {
+    pub plugin: usize,
+    pub error: Option<String>,
+    /// `(row, slot, value)` of every value it wrote.
+    pub attributes: Vec<(u32, u32, AttrValue)>,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct FilterTrace {
+    pub plugin: usize,
+    pub kept: Vec<u32>,
+    pub note: String,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct ScorerTrace {
+    pub plugin: usize,
+    pub weight: f64,
+    pub raw: Vec<f64>,
+    pub note: String,
+    pub error: Option<String>,
+}
+
+impl DecisionTrace {
+    pub(super) fn new(pipeline: Arc<Pipeline>, endpoints: Arc<[Endpoint]>) -> DecisionTrace {
+        DecisionTrace {
+            pipeline,
+            endpoints,
+            window: None,
+            producers: Vec::new(),
+            filters: Vec::new(),
+            scorers: Vec::new(),
+            scored: Vec::new(),
+            totals: Vec::new(),
+            picked: Vec::new(),
+        }
+    }
+
+    fn id(&self, slot: u32) -> String {
+        self.endpoints[slot as usize].id.clone()
+    }
+
+    fn label(&self, plugin: usize) -> String {
+        self.pipeline.plugins[plugin].label()
+    }
+
+    /// Each scored candidate's id with its weighted total, in candidate order.
+    pub fn totals(&self) -> impl Iterator<Item = (&str, f64)> + '_ {
+        self.scored
+            .iter()
+            .zip(&self.totals)
+            .map(|(&slot, &total)| (self.endpoints[slot as usize].id.as_str(), total))
+    }
+
+    /// The record, with every endpoint, plugin and key named.
+    pub fn render(&self) -> DecisionRecord {
+        DecisionRecord {
+            candidates: self.endpoints.iter().map(|e| e.id.clone()).collect(),
+            window: self.window.map(|w| WindowRecord {
+                producer: self.label(w.producer),
+                opened_ms: w.opened_ms,
+                sealed_ms: w.sealed_ms,
+                batch_size: w.batch_size,
+            }),
+            producers: self
+                .producers
+                .iter()
+                .map(|p| ProducerRecord {
+                    name: self.label(p.plugin),
+                    error: p.error.clone(),
+                    attributes: p
+                        .attributes
+                        .iter()
+                        .map(|(row, slot, value)| AttributeRecord {
+                            endpoint: self.id(*slot),
+                            key: self.pipeline.rows[*row as usize].to_string(),
+                            value: attribute_json(value),
+                        })
+                        .collect(),
+                })
+                .collect(),
+            filters: self
+                .filters
+                .iter()
+                .map(|f| FilterRecord {
+                    name: self.label(f.plugin),
+                    kept: f.kept.iter().map(|&slot| self.id(slot)).collect(),
+                    note: f.note.clone(),
+                    error: f.error.clone(),
+                })
+                .collect(),
+            scorers: self
+                .scorers
+                .iter()
+                .map(|s| ScorerRecord {
+                    name: self.label(s.plugin),
+                    weight: s.weight,
+                    scores: self
+                        .scored
+                        .iter()
+                        .zip(&s.raw)
+                        .map(|(&slot, &raw)| ScoreEntry {
+                            endpoint: self.id(slot),
+                            raw,
+                            weighted: clamp_score(raw) * s.weight,
+                        })
+                        .collect(),
+                    note: s.note.clone(),
+                    error: s.error.clone(),
+                })
+                .collect(),
+            totals: self
+                .totals()
+                .map(|(endpoint, score)| EndpointScore {
+                    endpoint: endpoint.to_string(),
+                    score,
+                })
+                .collect(),
+            picked: self.picked.iter().map(|&slot| self.id(slot)).collect(),
+        }
+    }
+}
+
+impl Serialize for DecisionTrace {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.render().serialize(serializer)
+    }
+}
+
+impl std::fmt::Debug for DecisionTrace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(&self.render(), f)
     }
 }

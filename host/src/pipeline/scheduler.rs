@@ -25,10 +25,7 @@ use switchyard_plugin_api::{
     PromptTokens, RequestView,
 };
 
-use super::record::{
-    attribute_json, AttributeRecord, DecisionRecord, EndpointScore, FilterRecord, ProducerRecord,
-    ScoreEntry, ScorerRecord, WindowRecord,
-};
+use super::record::{DecisionTrace, FilterTrace, ProducerTrace, ScorerTrace, WindowTrace};
 use super::request::{Endpoint, Fleet, Request};
 use super::tokenize::{prompt_buffers, PromptBuffer};
 use super::wiring::Pipeline;
@@ -47,7 +44,7 @@ pub struct Decision {
     pub endpoints: Vec<String>,
     pub decided_ms: f64,
     pub arrival_ms: f64,
-    pub record: Option<DecisionRecord>,
+    pub record: Option<Arc<DecisionTrace>>,
 }
 
 /// Why a request was not placed.
@@ -282,7 +279,7 @@ struct Ticket {
     /// Position in `Pipeline::producers` of the next producer to run.
     next_producer: usize,
     arrival_ms: f64,
-    record: Option<DecisionRecord>,
+    record: Option<Box<DecisionTrace>>,
 }
 
 struct Window {
@@ -477,9 +474,11 @@ impl Scheduler {
     }
 
     fn admit(&mut self, request: Request, fleet: Snapshot, now_ms: f64) -> Vec<Decision> {
-        let record = self.explain.then(|| DecisionRecord {
-            candidates: fleet.endpoints.iter().map(|e| e.id.clone()).collect(),
-            ..DecisionRecord::default()
+        let record = self.explain.then(|| {
+            Box::new(DecisionTrace::new(
+                Arc::clone(&self.pipeline),
+                Arc::clone(&fleet.endpoints),
+            ))
         });
         let mut store = self.scratch.stores.pop().unwrap_or_default();
         fill_absent(&mut store, self.pipeline.rows.len() * fleet.len());
@@ -521,8 +520,8 @@ impl Scheduler {
                 .members
                 .iter()
                 .any(|t| t.record.is_some())
-                .then(|| WindowRecord {
-                    producer: self.pipeline.plugins[self.pipeline.producers[position]].label(),
+                .then(|| WindowTrace {
+                    producer: self.pipeline.producers[position],
                     opened_ms: window.opened_ms,
                     sealed_ms: now_ms,
                     batch_size: window.members.len(),
@@ -621,8 +620,8 @@ impl Scheduler {
             if wired.host_native {
                 // Done on admission; the record still shows the step.
                 if let Some(record) = &mut ticket.record {
-                    record.producers.push(ProducerRecord {
-                        name: wired.label(),
+                    record.producers.push(ProducerTrace {
+                        plugin,
                         error: None,
                         attributes: Vec::new(),
                     });
@@ -666,8 +665,8 @@ impl Scheduler {
             );
             tracing::debug!(producer = %wired.label(), "{message}");
             if let Some(record) = &mut ticket.record {
-                record.producers.push(ProducerRecord {
-                    name: wired.label(),
+                record.producers.push(ProducerTrace {
+                    plugin,
                     error: Some(message),
                     attributes: Vec::new(),
                 });
@@ -684,7 +683,7 @@ impl Scheduler {
         position: usize,
         tickets: &mut [Ticket],
         now_ms: f64,
-        window: Option<&WindowRecord>,
+        window: Option<&WindowTrace>,
     ) {
         let plugin_index = pipeline.producers[position];
         let plugin = &pipeline.plugins[plugin_index];
@@ -747,24 +746,20 @@ impl Scheduler {
             if error.is_none() {
                 for &row in &plugin.produced_rows {
                     let values = &ticket.store[row as usize * n..][..n];
-                    for (endpoint, value) in ticket.request.fleet.endpoints.iter().zip(values) {
+                    for (slot, value) in values.iter().enumerate() {
                         if !value.is_absent() {
-                            attributes.push(AttributeRecord {
-                                endpoint: endpoint.id.clone(),
-                                key: pipeline.rows[row as usize].to_string(),
-                                value: attribute_json(value),
-                            });
+                            attributes.push((row, slot as u32, value.clone()));
                         }
                     }
                 }
             }
-            record.producers.push(ProducerRecord {
-                name: plugin.label(),
+            record.producers.push(ProducerTrace {
+                plugin: plugin_index,
                 error: error.clone(),
                 attributes,
             });
             if window.is_some() {
-                record.window = window.cloned();
+                record.window = window.copied();
             }
         }
     }
@@ -877,7 +872,7 @@ impl Scheduler {
                     endpoints: Vec::new(),
                     decided_ms: now_ms,
                     arrival_ms,
-                    record,
+                    record: record.map(Arc::from),
                 }
             }
         };
@@ -886,7 +881,7 @@ impl Scheduler {
             .map(|&s| admitted.fleet.endpoints[s].id.clone())
             .collect();
         if let Some(record) = &mut record {
-            record.picked = ids.clone();
+            record.picked = chosen.iter().map(|&slot| slot as u32).collect();
         }
 
         // Dispatch hooks: producers charge what they track against the primary endpoint.
@@ -917,7 +912,7 @@ impl Scheduler {
             endpoints: ids,
             decided_ms: now_ms,
             arrival_ms,
-            record,
+            record: record.map(Arc::from),
         }
     }
 
@@ -929,7 +924,7 @@ impl Scheduler {
         candidates: &mut Cow<'_, [EndpointView<'_>]>,
         store: &[AttrValue],
         stride: usize,
-        record: &mut Option<DecisionRecord>,
+        record: &mut Option<Box<DecisionTrace>>,
     ) -> Result<(), Rejection> {
         if candidates.is_empty() {
             return Err(Rejection::NoEndpoints);
@@ -962,9 +957,9 @@ impl Scheduler {
                     .retain(|_| kept.next().copied().unwrap_or(true));
             }
             if let Some(record) = record {
-                record.filters.push(FilterRecord {
-                    name: plugin.label(),
-                    kept: candidates.iter().map(|e| e.id.to_string()).collect(),
+                record.filters.push(FilterTrace {
+                    plugin: filter,
+                    kept: candidates.iter().map(|e| e.slot).collect(),
                     note: note.to_string(),
                     error: result
                         .err()
@@ -990,7 +985,7 @@ impl Scheduler {
         candidates: &[EndpointView<'_>],
         store: &[AttrValue],
         stride: usize,
-        record: &mut Option<DecisionRecord>,
+        record: &mut Option<Box<DecisionTrace>>,
     ) {
         let mut totals = std::mem::take(&mut self.scratch.totals);
         let mut scores = std::mem::take(&mut self.scratch.scores);
@@ -1022,32 +1017,18 @@ impl Scheduler {
                 *total += clamp_score(*raw) * scorer.weight;
             }
             if let Some(record) = record {
-                record.scorers.push(ScorerRecord {
-                    name: plugin.label(),
+                record.scorers.push(ScorerTrace {
+                    plugin: scorer.plugin,
                     weight: scorer.weight,
-                    scores: candidates
-                        .iter()
-                        .zip(&scores)
-                        .map(|(e, raw)| ScoreEntry {
-                            endpoint: e.id.to_string(),
-                            raw: *raw,
-                            weighted: clamp_score(*raw) * scorer.weight,
-                        })
-                        .collect(),
+                    raw: scores.clone(),
                     note: note.to_string(),
                     error: result.err().map(|e| format!("{} (scored 0)", e.message)),
                 });
             }
         }
         if let Some(record) = record {
-            record.totals = candidates
-                .iter()
-                .zip(&totals)
-                .map(|(e, s)| EndpointScore {
-                    endpoint: e.id.to_string(),
-                    score: *s,
-                })
-                .collect();
+            record.scored = candidates.iter().map(|e| e.slot).collect();
+            record.totals.clone_from(&totals);
         }
         self.scratch.totals = totals;
         self.scratch.scores = scores;

@@ -449,12 +449,12 @@ fn decision_header(record: &ReplayOutput) -> Option<HeaderValue> {
     let pick = record.endpoints.first()?;
     let mut value = format!("endpoint={pick}");
     if let Some(decision) = &record.decision {
-        let mut totals: Vec<_> = decision.totals.iter().collect();
-        totals.sort_by(|a, b| b.score.total_cmp(&a.score));
+        let mut totals: Vec<_> = decision.totals().collect();
+        totals.sort_by(|a, b| b.1.total_cmp(&a.1));
         let top: Vec<String> = totals
             .iter()
             .take(TOP_SCORES)
-            .map(|t| format!("{}:{:.3}", t.endpoint, t.score))
+            .map(|(endpoint, score)| format!("{endpoint}:{score:.3}"))
             .collect();
         if !top.is_empty() {
             value.push_str("; top=");
