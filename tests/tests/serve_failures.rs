@@ -428,6 +428,324 @@ async fn failures_before_the_answer_are_counted_against_their_replica() {
     }
 }
 
+// 3b. Every answer: its id, a JSON body where it has one, and exactly one count.
+
+/// One answer the router made: its status, `x-request-id` and body.
+struct Answer {
+    status: u16,
+    id: Option<String>,
+    body: Value,
+}
+
+async fn answer_of(response: Response<Incoming>) -> Answer {
+    let status = response.status().as_u16();
+    let id = response
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let bytes = body_bytes(response).await;
+    let body = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+        panic!(
+            "{status}: the body is not JSON ({e}): {}",
+            String::from_utf8_lossy(&bytes)
+        )
+    });
+    Answer { status, id, body }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_answer_carries_its_id_a_json_body_and_exactly_one_count() {
+    let replica = start_replica("one", &["--decode-tokens-per-second", "50"]).await;
+    let dir = temp_dir("serve-every-answer");
+    let config = static_config(&[("one", replica.addr.to_string())]);
+    let router = start_router(
+        &dir,
+        &config,
+        "request_timeout_ms = 1500\nmax_body_bytes = 2048\nmax_in_flight = 1",
+        &[],
+    )
+    .await;
+    let api = router.api();
+    let big = format!(
+        "{{\"model\": \"mock-model\", \"prompt\": \"{}\"}}",
+        "x".repeat(4096)
+    );
+    // (case, method, path, extra headers, body, status, error code or "" for the replica's
+    // own answer, outcome, endpoint label)
+    let cases: Vec<(
+        &str,
+        &str,
+        &str,
+        Vec<(&str, &str)>,
+        String,
+        u16,
+        &str,
+        &str,
+        &str,
+    )> = vec![
+        (
+            "ok",
+            "POST",
+            COMPLETIONS,
+            vec![],
+            completion(1, false),
+            200,
+            "",
+            "completed",
+            "/one",
+        ),
+        (
+            "models",
+            "GET",
+            "/v1/models",
+            vec![],
+            String::new(),
+            200,
+            "",
+            "completed",
+            "",
+        ),
+        (
+            "not-json",
+            "POST",
+            COMPLETIONS,
+            vec![],
+            "{oops".into(),
+            400,
+            "invalid_body",
+            "bad_request",
+            "",
+        ),
+        (
+            "no-route",
+            "POST",
+            "/v1/nothing",
+            vec![],
+            completion(1, false),
+            404,
+            "unknown_route",
+            "bad_request",
+            "",
+        ),
+        (
+            "wrong-method",
+            "GET",
+            COMPLETIONS,
+            vec![],
+            String::new(),
+            405,
+            "method_not_allowed",
+            "method_not_allowed",
+            "",
+        ),
+        (
+            "too-large",
+            "POST",
+            COMPLETIONS,
+            vec![],
+            big,
+            413,
+            "body_too_large",
+            "body_too_large",
+            "",
+        ),
+        (
+            "reset",
+            "POST",
+            COMPLETIONS,
+            vec![("x-mock-fault", "reset-after=0")],
+            completion(1, false),
+            502,
+            "upstream_error",
+            "upstream_error",
+            "/one",
+        ),
+        (
+            "slow",
+            "POST",
+            COMPLETIONS,
+            vec![],
+            completion(100, false),
+            504,
+            "upstream_timeout",
+            "timeout",
+            "/one",
+        ),
+    ];
+    for (case, method, path, headers, body, status, code, _, _) in &cases {
+        let mut headers = headers.clone();
+        headers.push(("x-request-id", case));
+        let answer = answer_of(send(api, method, path, &headers, body).await).await;
+        assert_eq!(answer.status, *status, "{case}: {}", answer.body);
+        assert_eq!(answer.id.as_deref(), Some(*case), "{case}: x-request-id");
+        if !code.is_empty() {
+            assert_eq!(
+                answer.body["error"]["code"], *code,
+                "{case}: {}",
+                answer.body
+            );
+            assert!(
+                answer.body["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| !m.is_empty()),
+                "{case}: {}",
+                answer.body
+            );
+        }
+    }
+
+    // Saturated: one request holds the only place (its first byte waits a second).
+    let held = tokio::spawn(async move {
+        let body = completion(1, false);
+        send(
+            api,
+            "POST",
+            COMPLETIONS,
+            &[
+                ("x-mock-fault", "first-byte-delay-ms=1000"),
+                ("x-request-id", "held"),
+            ],
+            &body,
+        )
+        .await
+    });
+    let holding = eventually(Duration::from_secs(5), || async {
+        metric_sum(
+            &metrics_page(router.metrics).await,
+            "switchyard_in_flight_total",
+        ) == 1.0
+    })
+    .await;
+    assert!(holding, "the held request never reached the replica");
+    let full = answer_of(
+        send(
+            api,
+            "POST",
+            COMPLETIONS,
+            &[("x-request-id", "full")],
+            &completion(1, false),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(
+        (full.status, full.id.as_deref()),
+        (429, Some("full")),
+        "{}",
+        full.body
+    );
+    assert_eq!(full.body["error"]["code"], "saturated", "{}", full.body);
+    let held = answer_of(held.await.expect("held request")).await;
+    assert_eq!((held.status, held.id.as_deref()), (200, Some("held")));
+
+    // A client that leaves before the answer's head: counted against the replica it was sent to.
+    let mut gone = TcpStream::connect(api).await.expect("router accepts");
+    let body = completion(1, false);
+    let head = format!(
+        "POST {COMPLETIONS} HTTP/1.1\r\nhost: {api}\r\ncontent-type: application/json\r\n\
+         x-request-id: gone\r\nx-mock-fault: first-byte-delay-ms=1000\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    gone.write_all(head.as_bytes()).await.expect("request sent");
+    let placed = eventually(Duration::from_secs(5), || async {
+        metric_sum(
+            &metrics_page(router.metrics).await,
+            "switchyard_in_flight_total",
+        ) == 1.0
+    })
+    .await;
+    assert!(placed, "the request never reached the replica");
+    drop(gone);
+    assert_router_idle(&router, "after the client left").await;
+
+    let counted = |page: &str, outcome: &str, endpoint: &str| {
+        metric_sum(
+            page,
+            &format!("switchyard_requests_total{{outcome=\"{outcome}\",endpoint=\"{endpoint}\"}}"),
+        )
+    };
+    let disconnected = eventually(Duration::from_secs(5), || async {
+        counted(
+            &metrics_page(router.metrics).await,
+            "client_disconnected",
+            "/one",
+        ) == 1.0
+    })
+    .await;
+    let page = metrics_page(router.metrics).await;
+    assert!(disconnected, "the client that left was not counted\n{page}");
+    let mut expected: std::collections::BTreeMap<(&str, &str), f64> = Default::default();
+    for (_, _, _, _, _, _, _, outcome, endpoint) in &cases {
+        *expected.entry((outcome, endpoint)).or_default() += 1.0;
+    }
+    *expected.entry(("completed", "/one")).or_default() += 1.0; // the held request
+    *expected.entry(("saturated", "")).or_default() += 1.0;
+    *expected.entry(("client_disconnected", "/one")).or_default() += 1.0;
+    for ((outcome, endpoint), count) in &expected {
+        assert_eq!(
+            counted(&page, outcome, endpoint),
+            *count,
+            "{outcome} at '{endpoint}'\n{page}"
+        );
+    }
+    assert_eq!(
+        metric_sum(&page, "switchyard_requests_total"),
+        expected.values().sum::<f64>(),
+        "every answer counted exactly once\n{page}"
+    );
+}
+
+// 3c. A request still unanswered at the drain deadline gets a 503, not a closed connection.
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_request_unanswered_at_the_drain_deadline_gets_503_shutting_down() {
+    let replica = start_replica("one", &[]).await;
+    let dir = temp_dir("serve-drain-deadline");
+    let config = static_config(&[("one", replica.addr.to_string())]);
+    let router = start_router(&dir, &config, "drain_timeout_ms = 1000", &[]).await;
+    let api = router.api();
+    let waiting = tokio::spawn(async move {
+        let body = completion(1, false);
+        send(
+            api,
+            "POST",
+            COMPLETIONS,
+            &[
+                ("x-mock-fault", "first-byte-delay-ms=10000"),
+                ("x-request-id", "late"),
+            ],
+            &body,
+        )
+        .await
+    });
+    let placed = eventually(Duration::from_secs(5), || async {
+        metric_sum(
+            &metrics_page(router.metrics).await,
+            "switchyard_in_flight_total",
+        ) == 1.0
+    })
+    .await;
+    assert!(placed, "the request never reached the replica");
+    let exit = tokio::task::spawn_blocking(move || {
+        let mut router = router;
+        let code = router.process.terminate(Duration::from_secs(10));
+        (code, router)
+    });
+    let answer = answer_of(waiting.await.expect("request task")).await;
+    let (code, router) = exit.await.expect("terminate thread");
+    let log = router_log(&router);
+    assert_eq!(answer.status, 503, "{}\n{log}", answer.body);
+    assert_eq!(answer.id.as_deref(), Some("late"));
+    assert_eq!(
+        answer.body["error"]["code"], "shutting_down",
+        "{}",
+        answer.body
+    );
+    assert_eq!(code, Some(0), "exit code\n{log}");
+}
+
 // 4. The discovery file replaced under load.
 
 fn discovery_yaml(replicas: &[(&str, SocketAddr)]) -> String {

@@ -12,8 +12,9 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, HOST};
 use hyper::{Method, Request, Response, StatusCode};
 use switchyard_plugin_api::Outcome;
+use tokio::sync::watch;
 
-use super::metrics::{Metrics, RequestOutcome};
+use super::metrics::{Metrics, RequestOutcome, Tally};
 use super::response::{json, ApiError, ServeBody};
 use super::upstream::{Client, Ending, RelayedBody};
 use crate::config::ServeConfig;
@@ -41,6 +42,8 @@ pub struct Router {
     pub settings: ServeConfig,
     pub journal: Option<Journal>,
     pub ids: RequestIds,
+    /// Becomes `true` at the drain deadline: requests still unanswered get 503.
+    pub cut: watch::Receiver<bool>,
 }
 
 /// Ids for requests that arrive without `x-request-id`.
@@ -68,33 +71,67 @@ impl Router {
         // Every answer carries the request's id, the router's own errors included.
         let request_id =
             client_request_id(request.headers()).unwrap_or_else(|| self.ids.generate());
-        let mut response = self.answer(request, &request_id).await;
+        let mut tally = Tally::new(&self.metrics, &self.cut);
+        let answered = {
+            let answer = self.answer(request, &request_id, &mut tally);
+            let mut cut = self.cut.clone();
+            tokio::select! {
+                biased;
+                response = answer => Some(response),
+                () = drain_deadline(&mut cut) => None,
+            }
+        };
+        let mut response = answered.unwrap_or_else(|| {
+            let error = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "shutting_down",
+                RequestOutcome::ShuttingDown,
+                format!(
+                    "the router is shutting down and drain_timeout_ms = {} has passed",
+                    self.settings.drain_timeout_ms
+                ),
+            );
+            tally.settle(error.outcome, "");
+            error.into_response()
+        });
         if let Ok(value) = HeaderValue::from_str(&request_id) {
             response.headers_mut().insert(REQUEST_ID, value);
         }
         response
     }
 
-    async fn answer(&self, request: Request<Incoming>, request_id: &str) -> Response<ServeBody> {
+    async fn answer(
+        &self,
+        request: Request<Incoming>,
+        request_id: &str,
+        tally: &mut Tally<'_>,
+    ) -> Response<ServeBody> {
         let api = match request.uri().path() {
             "/v1/completions" => Api::Completions,
             "/v1/chat/completions" => Api::ChatCompletions,
             "/inference/v1/generate" => Api::Generate,
-            "/v1/models" if request.method() == Method::GET => return self.models().await,
-            "/v1/models" => return method_not_allowed("GET"),
+            "/v1/models" if request.method() == Method::GET => {
+                let (response, outcome) = self.models().await;
+                tally.settle(outcome, "");
+                return response;
+            }
+            "/v1/models" => {
+                tally.settle(RequestOutcome::MethodNotAllowed, "");
+                return method_not_allowed("GET");
+            }
             path => {
-                self.metrics.request(RequestOutcome::BadRequest, "");
+                tally.settle(RequestOutcome::BadRequest, "");
                 return ApiError::not_found(path).into_response();
             }
         };
         if request.method() != Method::POST {
+            tally.settle(RequestOutcome::MethodNotAllowed, "");
             return method_not_allowed("POST");
         }
-        match self.inference(api, request, request_id).await {
+        match self.inference(api, request, request_id, tally).await {
             Ok(response) => response,
             Err(error) => {
-                self.metrics
-                    .request(error.outcome, error.endpoint.as_deref().unwrap_or(""));
+                tally.settle(error.outcome, error.endpoint.as_deref().unwrap_or(""));
                 error.into_response()
             }
         }
@@ -105,6 +142,7 @@ impl Router {
         api: Api,
         request: Request<Incoming>,
         request_id: &str,
+        tally: &mut Tally<'_>,
     ) -> Result<Response<ServeBody>, ApiError> {
         let (parts, incoming) = request.into_parts();
         let bytes = self.read_body(&parts.headers, incoming).await?;
@@ -174,6 +212,7 @@ impl Router {
                     return Err(ApiError::rejected(&rejection));
                 }
             };
+            tally.sent_to(&placed.endpoint_id);
             let upstream = forward_request(&parts, &placed.address, &path, &client_id, &bytes);
             let sent = match deadline {
                 Some(at) => tokio::time::timeout_at(at, self.client.request(upstream)).await,
@@ -188,7 +227,8 @@ impl Router {
                         .flatten();
                     let ending = Ending {
                         metrics: self.metrics.clone(),
-                        endpoint: placed.endpoint_id.clone(),
+                        endpoint: tally.hand_over(),
+                        cut: self.cut.clone(),
                         clock: self.live.clock(),
                         journal,
                     };
@@ -286,8 +326,8 @@ impl Router {
         }
     }
 
-    /// `GET /v1/models`: the union of what the fleet's replicas serve.
-    async fn models(&self) -> Response<ServeBody> {
+    /// `GET /v1/models`: the union of what the fleet's replicas serve, and how it ended.
+    async fn models(&self) -> (Response<ServeBody>, RequestOutcome) {
         let members = self.fleet.current().members.clone();
         let asks: Vec<_> = members
             .iter()
@@ -325,19 +365,21 @@ impl Router {
             }
         }
         if seen.is_empty() {
-            return ApiError::new(
+            let error = ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "no_endpoints",
                 RequestOutcome::NoEndpoints,
                 "no replica answered GET /v1/models",
-            )
-            .into_response();
+            );
+            let outcome = error.outcome;
+            return (error.into_response(), outcome);
         }
         let data: Vec<serde_json::Value> = seen.into_values().collect();
-        json(
+        let response = json(
             StatusCode::OK,
             &serde_json::json!({"object": "list", "data": data}),
-        )
+        );
+        (response, RequestOutcome::Completed)
     }
 }
 
@@ -348,6 +390,13 @@ fn client_request_id(headers: &HeaderMap) -> Option<String> {
     let visible = |b: &u8| (0x21..=0x7e).contains(b);
     (!value.is_empty() && value.len() <= 256 && value.iter().all(visible))
         .then(|| String::from_utf8_lossy(value).into_owned())
+}
+
+/// Resolves once the drain deadline passed; never while the router runs.
+async fn drain_deadline(cut: &mut watch::Receiver<bool>) {
+    if cut.wait_for(|&cut| cut).await.is_err() {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// No candidate accepted a connection; `last` refused with `failure`.
@@ -366,7 +415,7 @@ fn method_not_allowed(allowed: &'static str) -> Response<ServeBody> {
     let mut response = ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "method_not_allowed",
-        RequestOutcome::BadRequest,
+        RequestOutcome::MethodNotAllowed,
         format!("this route takes {allowed}"),
     )
     .into_response();

@@ -32,8 +32,11 @@ pub enum RequestOutcome {
     /// The replica failed before or during its response.
     UpstreamError,
     Timeout,
+    /// The client went away before its answer ended.
     ClientDisconnected,
+    /// Still running at the drain deadline: answered 503, or its stream cut.
     ShuttingDown,
+    MethodNotAllowed,
 }
 
 impl RequestOutcome {
@@ -51,6 +54,7 @@ impl RequestOutcome {
             RequestOutcome::Timeout => "timeout",
             RequestOutcome::ClientDisconnected => "client_disconnected",
             RequestOutcome::ShuttingDown => "shutting_down",
+            RequestOutcome::MethodNotAllowed => "method_not_allowed",
         }
     }
 }
@@ -305,5 +309,115 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = encode(&mut text, &registry);
         text
+    }
+}
+
+/// Counts one request in `switchyard_requests_total` exactly once: settled with the outcome
+/// its answer had, handed over to the relayed body (which counts when the body ends), or, when
+/// dropped before either, as a client that went away — or as cut by the shutdown once `cut`
+/// says the drain deadline passed.
+pub struct Tally<'a> {
+    metrics: &'a Metrics,
+    cut: &'a tokio::sync::watch::Receiver<bool>,
+    /// The replica the request was last sent to.
+    endpoint: Option<String>,
+    counted: bool,
+}
+
+impl<'a> Tally<'a> {
+    pub fn new(metrics: &'a Metrics, cut: &'a tokio::sync::watch::Receiver<bool>) -> Tally<'a> {
+        Tally {
+            metrics,
+            cut,
+            endpoint: None,
+            counted: false,
+        }
+    }
+
+    pub fn sent_to(&mut self, endpoint: &str) {
+        match &mut self.endpoint {
+            Some(known) => endpoint.clone_into(known),
+            None => self.endpoint = Some(endpoint.to_string()),
+        }
+    }
+
+    /// Counts the answer, against `endpoint` (empty for outcomes the router decides).
+    pub fn settle(&mut self, outcome: RequestOutcome, endpoint: &str) {
+        if !self.counted {
+            self.counted = true;
+            self.metrics.request(outcome, endpoint);
+        }
+    }
+
+    /// The answer's body counts the request when it ends; returns the replica's id.
+    pub fn hand_over(&mut self) -> String {
+        self.counted = true;
+        self.endpoint.take().unwrap_or_default()
+    }
+}
+
+impl Drop for Tally<'_> {
+    fn drop(&mut self) {
+        let outcome = if *self.cut.borrow() {
+            RequestOutcome::ShuttingDown
+        } else {
+            RequestOutcome::ClientDisconnected
+        };
+        if !self.counted {
+            self.counted = true;
+            let endpoint = self.endpoint.as_deref().unwrap_or("");
+            self.metrics.request(outcome, endpoint);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The counted series, sorted.
+    fn requests(metrics: &Metrics) -> Vec<String> {
+        let mut registry = Registry::default();
+        registry.register("requests", "", metrics.requests.clone());
+        let mut page = String::new();
+        encode(&mut page, &registry).expect("encodes");
+        let mut lines: Vec<String> = page
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(str::to_string)
+            .collect();
+        lines.sort();
+        lines
+    }
+
+    #[test]
+    fn a_tally_counts_once_whatever_happens_to_it() {
+        let metrics = Metrics::default();
+        let (cut, watch) = tokio::sync::watch::channel(false);
+        {
+            let mut settled = Tally::new(&metrics, &watch);
+            settled.sent_to("a");
+            settled.settle(RequestOutcome::UpstreamError, "a");
+            settled.settle(RequestOutcome::Completed, "a");
+        }
+        {
+            let mut handed = Tally::new(&metrics, &watch);
+            handed.sent_to("b");
+            assert_eq!(handed.hand_over(), "b");
+        }
+        {
+            let mut gone = Tally::new(&metrics, &watch);
+            gone.sent_to("c");
+        }
+        cut.send(true).expect("receiver alive");
+        drop(Tally::new(&metrics, &watch));
+        assert_eq!(
+            requests(&metrics),
+            [
+                "requests_total{outcome=\"client_disconnected\",endpoint=\"c\"} 1",
+                "requests_total{outcome=\"shutting_down\",endpoint=\"\"} 1",
+                "requests_total{outcome=\"upstream_error\",endpoint=\"a\"} 1",
+            ]
+        );
     }
 }

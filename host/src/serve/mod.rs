@@ -37,6 +37,9 @@ use crate::plugins::Registry;
 use api::{RequestIds, Router};
 use response::ServeBody;
 
+/// How long before the drain deadline requests still waiting for their answer get a 503.
+const CUT_AHEAD: Duration = Duration::from_secs(1);
+
 /// Command-line overrides of `[serve]`.
 #[derive(Debug, Clone, Default)]
 pub struct ServeOptions {
@@ -90,6 +93,7 @@ pub async fn run(
         None => None,
     };
     let drain = Duration::from_millis(settings.drain_timeout_ms);
+    let (cut, cut_watch) = watch::channel(false);
     let router = Arc::new(Router {
         live,
         fleet,
@@ -98,6 +102,7 @@ pub async fn run(
         settings,
         journal,
         ids: RequestIds::new(id_prefix()),
+        cut: cut_watch,
     });
     let draining = Arc::new(AtomicBool::new(false));
     // The API stops first; metrics and admin stay up while it drains, so probes see the drain.
@@ -140,7 +145,15 @@ pub async fn run(
     );
     draining.store(true, Ordering::Relaxed);
     let _ = stop.send(true);
+    // Requests still unanswered shortly before the deadline get a 503 while their
+    // connections are still open.
+    let cutter = tokio::spawn(async move {
+        tokio::time::sleep(drain.saturating_sub(CUT_AHEAD.min(drain / 10))).await;
+        let _ = cut.send(true);
+        cut
+    });
     let _ = api.await;
+    cutter.abort();
     let (_, in_flight) = router.live.in_flight();
     if in_flight > 0 {
         tracing::warn!("{in_flight} requests still in flight after the drain deadline; cut");

@@ -40,6 +40,8 @@ pub fn client() -> Client {
 pub struct Ending {
     pub metrics: Metrics,
     pub endpoint: String,
+    /// Set at the drain deadline: a body dropped after it was cut by the shutdown.
+    pub cut: tokio::sync::watch::Receiver<bool>,
     pub clock: RealClock,
     pub journal: Option<JournalEntry>,
 }
@@ -79,7 +81,7 @@ impl RelayedBody {
     fn end(&mut self, outcome: RequestOutcome) {
         let released = match outcome {
             RequestOutcome::Completed => Outcome::Finished,
-            RequestOutcome::ClientDisconnected => Outcome::Cancelled,
+            RequestOutcome::ClientDisconnected | RequestOutcome::ShuttingDown => Outcome::Cancelled,
             _ => Outcome::Failed,
         };
         if let Some(charge) = self.charge.take() {
@@ -154,8 +156,11 @@ impl Body for RelayedBody {
 
 impl Drop for RelayedBody {
     fn drop(&mut self) {
-        if self.ending.is_some() {
-            self.end(RequestOutcome::ClientDisconnected);
+        let cut = self.ending.as_ref().map(|ending| *ending.cut.borrow());
+        match cut {
+            Some(true) => self.end(RequestOutcome::ShuttingDown),
+            Some(false) => self.end(RequestOutcome::ClientDisconnected),
+            None => {}
         }
     }
 }
