@@ -437,6 +437,54 @@ struct Answer {
     body: Value,
 }
 
+/// A request and the answer it must get: status, error code (empty for the replica's own
+/// answer), and the outcome and endpoint it is counted under.
+struct Case {
+    id: &'static str,
+    method: &'static str,
+    path: &'static str,
+    fault: Option<&'static str>,
+    body: String,
+    status: u16,
+    code: &'static str,
+    outcome: &'static str,
+    endpoint: &'static str,
+}
+
+impl Case {
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one line per case reads as a table"
+    )]
+    fn new(
+        id: &'static str,
+        method: &'static str,
+        path: &'static str,
+        body: String,
+        status: u16,
+        code: &'static str,
+        outcome: &'static str,
+        endpoint: &'static str,
+    ) -> Case {
+        Case {
+            id,
+            method,
+            path,
+            fault: None,
+            body,
+            status,
+            code,
+            outcome,
+            endpoint,
+        }
+    }
+
+    fn with_fault(mut self, fault: &'static str) -> Case {
+        self.fault = Some(fault);
+        self
+    }
+}
+
 async fn answer_of(response: Response<Incoming>) -> Answer {
     let status = response.status().as_u16();
     let id = response
@@ -471,101 +519,82 @@ async fn every_answer_carries_its_id_a_json_body_and_exactly_one_count() {
         "{{\"model\": \"mock-model\", \"prompt\": \"{}\"}}",
         "x".repeat(4096)
     );
-    // (case, method, path, extra headers, body, status, error code or "" for the replica's
-    // own answer, outcome, endpoint label)
-    let cases: Vec<(
-        &str,
-        &str,
-        &str,
-        Vec<(&str, &str)>,
-        String,
-        u16,
-        &str,
-        &str,
-        &str,
-    )> = vec![
-        (
+    let cases = [
+        Case::new(
             "ok",
             "POST",
             COMPLETIONS,
-            vec![],
             completion(1, false),
             200,
             "",
             "completed",
             "/one",
         ),
-        (
+        Case::new(
             "models",
             "GET",
             "/v1/models",
-            vec![],
             String::new(),
             200,
             "",
             "completed",
             "",
         ),
-        (
+        Case::new(
             "not-json",
             "POST",
             COMPLETIONS,
-            vec![],
             "{oops".into(),
             400,
             "invalid_body",
             "bad_request",
             "",
         ),
-        (
+        Case::new(
             "no-route",
             "POST",
             "/v1/nothing",
-            vec![],
             completion(1, false),
             404,
             "unknown_route",
             "bad_request",
             "",
         ),
-        (
+        Case::new(
             "wrong-method",
             "GET",
             COMPLETIONS,
-            vec![],
             String::new(),
             405,
             "method_not_allowed",
             "method_not_allowed",
             "",
         ),
-        (
+        Case::new(
             "too-large",
             "POST",
             COMPLETIONS,
-            vec![],
             big,
             413,
             "body_too_large",
             "body_too_large",
             "",
         ),
-        (
+        Case::new(
             "reset",
             "POST",
             COMPLETIONS,
-            vec![("x-mock-fault", "reset-after=0")],
             completion(1, false),
             502,
             "upstream_error",
             "upstream_error",
             "/one",
-        ),
-        (
+        )
+        .with_fault("reset-after=0"),
+        Case::new(
             "slow",
             "POST",
             COMPLETIONS,
-            vec![],
             completion(100, false),
             504,
             "upstream_timeout",
@@ -573,23 +602,24 @@ async fn every_answer_carries_its_id_a_json_body_and_exactly_one_count() {
             "/one",
         ),
     ];
-    for (case, method, path, headers, body, status, code, _, _) in &cases {
-        let mut headers = headers.clone();
-        headers.push(("x-request-id", case));
-        let answer = answer_of(send(api, method, path, &headers, body).await).await;
-        assert_eq!(answer.status, *status, "{case}: {}", answer.body);
-        assert_eq!(answer.id.as_deref(), Some(*case), "{case}: x-request-id");
-        if !code.is_empty() {
+    for case in &cases {
+        let mut headers = vec![("x-request-id", case.id)];
+        headers.extend(case.fault.map(|fault| ("x-mock-fault", fault)));
+        let answer = answer_of(send(api, case.method, case.path, &headers, &case.body).await).await;
+        let id = case.id;
+        assert_eq!(answer.status, case.status, "{id}: {}", answer.body);
+        assert_eq!(answer.id.as_deref(), Some(id), "{id}: x-request-id");
+        if !case.code.is_empty() {
             assert_eq!(
-                answer.body["error"]["code"], *code,
-                "{case}: {}",
+                answer.body["error"]["code"], case.code,
+                "{id}: {}",
                 answer.body
             );
             assert!(
                 answer.body["error"]["message"]
                     .as_str()
                     .is_some_and(|m| !m.is_empty()),
-                "{case}: {}",
+                "{id}: {}",
                 answer.body
             );
         }
@@ -677,8 +707,8 @@ async fn every_answer_carries_its_id_a_json_body_and_exactly_one_count() {
     let page = metrics_page(router.metrics).await;
     assert!(disconnected, "the client that left was not counted\n{page}");
     let mut expected: std::collections::BTreeMap<(&str, &str), f64> = Default::default();
-    for (_, _, _, _, _, _, _, outcome, endpoint) in &cases {
-        *expected.entry((outcome, endpoint)).or_default() += 1.0;
+    for case in &cases {
+        *expected.entry((case.outcome, case.endpoint)).or_default() += 1.0;
     }
     *expected.entry(("completed", "/one")).or_default() += 1.0; // the held request
     *expected.entry(("saturated", "")).or_default() += 1.0;
