@@ -122,7 +122,8 @@ pub(super) fn page(reports: &[PipelineReport]) -> String {
 
 fn summary_table(out: &mut String, reports: &[PipelineReport]) {
     out.push_str(
-        "<table>\n<tr><th>pipeline</th><th>completed</th><th>rejected</th><th>unrouted</th>\
+        "<table>\n<tr><th>pipeline</th><th>completed</th><th>rejected by router</th>\
+         <th>rejected by replica</th><th>unrouted</th>\
          <th>cache hit rate</th><th>prefill tokens</th><th>ideal</th>\
          <th>TTFT p50 / p99 / mean (ms)</th><th>E2E p50 / p99 / mean (ms)</th>\
          <th>router wait p50 / p99 (ms)</th><th>peak load max / mean</th>\
@@ -131,13 +132,14 @@ fn summary_table(out: &mut String, reports: &[PipelineReport]) {
     for r in reports {
         let _ = writeln!(
             out,
-            "<tr><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td><td>{:.1}%</td><td>{}</td>\
+            "<tr><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}%</td><td>{}</td>\
              <td>{}</td><td>{:.1} / {:.1} / {:.1}</td><td>{:.1} / {:.1} / {:.1}</td>\
              <td>{:.1} / {:.1}</td><td>{} / {:.1}</td><td>{}</td></tr>",
             escape(&r.name),
             r.completed,
             r.requests,
-            r.rejected,
+            r.rejected_by_router,
+            r.rejected_by_replica,
             r.unrouted,
             r.cache_hit_rate * 100.0,
             r.prefill_tokens_computed,
