@@ -36,22 +36,43 @@ struct Common {
     /// Allow plugin types of stability alpha (same as `allow_experimental_plugins = true`).
     #[arg(long)]
     allow_experimental_plugins: bool,
-    /// A directory searched first for plugin libraries named by bare name (repeatable).
-    #[arg(long = "plugin-dir")]
+    /// A directory searched first for plugin libraries named by bare name (repeatable); the
+    /// environment variable's directory is searched after the ones given here.
+    #[arg(
+        long = "plugin-dir",
+        value_name = "DIR",
+        env = PLUGIN_DIR_ENV
+    )]
     plugin_dirs: Vec<PathBuf>,
+}
+
+const PLUGIN_DIR_ENV: &str = "SWITCHYARD_PLUGIN_DIR";
+
+/// `dirs` and then the directory of `SWITCHYARD_PLUGIN_DIR`, unless it is among them already
+/// (clap puts it there when no `--plugin-dir` is given).
+fn with_env_plugin_dir(mut dirs: Vec<PathBuf>) -> Vec<PathBuf> {
+    if let Some(dir) = std::env::var_os(PLUGIN_DIR_ENV).filter(|d| !d.is_empty()) {
+        let dir = PathBuf::from(dir);
+        if !dirs.contains(&dir) {
+            dirs.push(dir);
+        }
+    }
+    dirs
 }
 
 impl Common {
     fn options(&self) -> Options {
-        let mut plugin_dirs = self.plugin_dirs.clone();
-        if let Some(dir) = std::env::var_os("SWITCHYARD_PLUGIN_DIR") {
-            plugin_dirs.push(dir.into());
-        }
         Options {
             allow_experimental_plugins: self.allow_experimental_plugins,
-            plugin_dirs,
+            plugin_dirs: with_env_plugin_dir(self.plugin_dirs.clone()),
         }
     }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Args)]
@@ -69,8 +90,18 @@ enum PluginsCommand {
     /// stability and description, the plugin API version it was built against, and every
     /// parameter with its type, default, valid range and meaning.
     Inspect {
-        /// The library file (e.g. target/release/libmy_plugin.so).
+        /// The library: a file (e.g. target/release/libmy_plugin.so, relative to the current
+        /// directory) or a bare name as a config's `libraries` take it (e.g.
+        /// prefix_cache_scorer), looked up in the same directories.
         library: PathBuf,
+        /// A directory searched first for a library named by bare name (repeatable); the
+        /// environment variable's directory is searched after the ones given here.
+        #[arg(
+            long = "plugin-dir",
+            value_name = "DIR",
+            env = PLUGIN_DIR_ENV
+        )]
+        plugin_dirs: Vec<PathBuf>,
     },
 }
 
@@ -115,9 +146,9 @@ enum Command {
         /// Seed of every random choice.
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// Log format: text or json.
-        #[arg(long, default_value = "text")]
-        log_format: String,
+        /// Log format.
+        #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+        log_format: LogFormat,
         /// Write every request as a `replay` input line to this file.
         #[arg(long)]
         journal: Option<PathBuf>,
@@ -135,8 +166,12 @@ enum Command {
     Simulate {
         #[command(flatten)]
         common: Common,
-        /// Built-in workload: rl-rollout, shared-prefix or multi-turn.
-        #[arg(long, default_value = "rl-rollout")]
+        /// Built-in workload.
+        #[arg(
+            long,
+            default_value = Workload::NAMES[0],
+            value_parser = clap::builder::PossibleValuesParser::new(Workload::NAMES)
+        )]
         workload: String,
         /// Workload parameter override, `name=value` with the camelCase name (repeatable); with
         /// --trace, only seed, arrivalSpreadMs and arrivalJitterMs.
@@ -146,12 +181,12 @@ enum Command {
         #[arg(long)]
         trace: Option<PathBuf>,
         /// Number of replicas.
-        #[arg(long)]
-        replicas: Option<usize>,
-        /// The replica model of every replica: a step-engine preset or `fixed-rate`
-        /// (default h100x2-qwen3-32b; see docs/simulate.md).
-        #[arg(long)]
-        profile: Option<String>,
+        #[arg(long, default_value_t = FleetConfig::default().replicas)]
+        replicas: usize,
+        /// The replica model of every replica: a step-engine preset or `fixed-rate` (see
+        /// docs/simulate.md).
+        #[arg(long, default_value = sim::profile::DEFAULT_PROFILE)]
+        profile: String,
         /// A fleet file (TOML): groups of replicas with their profiles, block size, scrape
         /// interval, latency objectives.
         #[arg(long, conflicts_with_all = ["replicas", "profile"])]
@@ -162,9 +197,10 @@ enum Command {
         /// Skip the baselines.
         #[arg(long)]
         no_baselines: bool,
-        /// Write report.json and report.html here.
-        #[arg(long)]
+        /// Write report.json and report.html into this directory (created if needed).
+        #[arg(long, value_name = "DIR")]
         output: Option<PathBuf>,
+        /// Seed of each pipeline's scheduler; the workload has its own (--set seed=N).
         #[arg(long, default_value_t = 0)]
         seed: u64,
         /// Refuse a built-in workload whose estimated memory exceeds this (e.g. 4G, 512M);
@@ -190,8 +226,13 @@ enum ConfigCommand {
         /// The scheduling profile to import when the file has several.
         #[arg(long)]
         profile: Option<String>,
-        /// A directory searched first for switchyard's plugin libraries (repeatable).
-        #[arg(long = "plugin-dir")]
+        /// A directory searched first for switchyard's plugin libraries (repeatable); the
+        /// environment variable's directory is searched after the ones given here.
+        #[arg(
+            long = "plugin-dir",
+            value_name = "DIR",
+            env = PLUGIN_DIR_ENV
+        )]
         plugin_dirs: Vec<PathBuf>,
     },
 }
@@ -209,7 +250,7 @@ fn main() -> ExitCode {
     let matches = Cli::command().version(version).get_matches_from(args);
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let (json_logs, default_level) = match &cli.command {
-        Command::Serve { log_format, .. } => (log_format == "json", "info"),
+        Command::Serve { log_format, .. } => (*log_format == LogFormat::Json, "info"),
         Command::ExtProc(args) => (args.log_format == "json", args.log_level()),
         Command::MockReplica(_) => (false, "info"),
         _ => (false, "warn"),
@@ -253,14 +294,9 @@ fn run(command: Command) -> Result<(), String> {
             metrics_port,
             admin_port,
             seed,
-            log_format,
+            log_format: _,
             journal,
         } => {
-            if log_format != "text" && log_format != "json" {
-                return Err(format!(
-                    "--log-format must be text or json (got '{log_format}')"
-                ));
-            }
             let config = read_config(&common.config)?;
             let options = common.options();
             let serve_options = switchyard::serve::ServeOptions {
@@ -277,14 +313,11 @@ fn run(command: Command) -> Result<(), String> {
             output,
             force,
             profile,
-            mut plugin_dirs,
+            plugin_dirs,
         }) => {
-            if let Some(dir) = std::env::var_os("SWITCHYARD_PLUGIN_DIR") {
-                plugin_dirs.push(dir.into());
-            }
             let options = switchyard::config::import::ImportOptions {
                 profile,
-                plugin_dirs,
+                plugin_dirs: with_env_plugin_dir(plugin_dirs),
                 output: output.clone(),
             };
             config_import(&file, output.as_deref(), force, &options)
@@ -307,13 +340,15 @@ fn run(command: Command) -> Result<(), String> {
             Ok(())
         }
         Command::Plugins(PluginsArgs {
-            action: Some(PluginsCommand::Inspect { library }),
+            action:
+                Some(PluginsCommand::Inspect {
+                    library,
+                    plugin_dirs,
+                }),
             ..
         }) => {
-            print!(
-                "{}",
-                inspect::inspect_library(&library).map_err(|e| e.to_string())?
-            );
+            let path = inspect::resolve_library(&library, &with_env_plugin_dir(plugin_dirs))?;
+            print!("{}", inspect::inspect_library(&path)?);
             Ok(())
         }
         Command::Plugins(PluginsArgs {
@@ -399,8 +434,8 @@ struct SimulateArgs {
     workload: String,
     overrides: Vec<String>,
     trace: Option<PathBuf>,
-    replicas: Option<usize>,
-    profile: Option<String>,
+    replicas: usize,
+    profile: String,
     fleet: Option<PathBuf>,
     compare: Vec<PathBuf>,
     no_baselines: bool,
@@ -425,13 +460,8 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
             SimFleet::parse(path, &text).map_err(|e| e.to_string())?
         }
         None => {
-            let replicas = args.replicas.unwrap_or(FleetConfig::default().replicas);
-            let profile = args
-                .profile
-                .as_deref()
-                .unwrap_or(sim::profile::DEFAULT_PROFILE);
-            let fleet =
-                SimFleet::uniform(profile, replicas).map_err(|e| format!("--profile: {e}"))?;
+            let fleet = SimFleet::uniform(&args.profile, args.replicas)
+                .map_err(|e| format!("--profile: {e}"))?;
             fleet.validate().map_err(|e| format!("--replicas: {e}"))?;
             fleet
         }
