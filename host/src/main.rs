@@ -9,6 +9,7 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use switchyard::config::{LoadedConfig, DEFAULT_CONFIG};
 use switchyard::pipeline::{build, load_registry, Options, Scheduler};
 use switchyard::plugins::inspect;
+use switchyard::plugins::supply::sha256_hex;
 use switchyard::sim::{self, FleetConfig, SimFleet, SimRouter, Workload};
 use switchyard::{effective, jsonl, replay, simulate};
 
@@ -491,9 +492,10 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
     let overrides = serde_json::Value::Object(overrides);
     // A trace is read line by line and its requests kept for every router; a built-in
     // workload is generated afresh for each router.
-    let (label, source) = match &args.trace {
+    let (label, source, parameters) = match &args.trace {
         Some(path) => {
             let params = sim::TraceParams::from_overrides(overrides).map_err(|e| e.to_string())?;
+            let parameters = serde_json::to_value(&params).unwrap_or_default();
             let requests = sim::read_trace(path).map_err(|e| match e {
                 sim::TraceError::Line { line, message } => {
                     format!("{}:{line}: {message}", path.display())
@@ -503,6 +505,7 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
             (
                 format!("trace {}", path.display()),
                 Requests::Trace(params.deliver(requests)),
+                parameters,
             )
         }
         None => {
@@ -511,7 +514,12 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
             workload
                 .check_memory(memory_limit, limit_source)
                 .map_err(|e| e.to_string())?;
-            (workload.name().to_string(), Requests::Workload(workload))
+            let parameters = workload.parameters();
+            (
+                workload.name().to_string(),
+                Requests::Workload(workload),
+                parameters,
+            )
         }
     };
     let total = match &source {
@@ -530,6 +538,7 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
         simulate::pipeline_router(&main_name, &config, &options, &fleet, args.seed)
             .map_err(|e| e.to_string())?,
     ));
+    let mut configs = vec![config_file(&main_name, &args.common.config)?];
     let mut names = vec![(main_name.clone(), args.common.config.clone())];
     for path in &args.compare {
         let name = simulate::pipeline_name(path);
@@ -544,6 +553,7 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
         names.push((name, path.clone()));
     }
     for path in &args.compare {
+        configs.push(config_file(&simulate::pipeline_name(path), path)?);
         let extra = read_config(path)?;
         routers.push(Box::new(
             simulate::pipeline_router(
@@ -560,6 +570,11 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
         routers.push(Box::new(sim::RoundRobin::new()));
         routers.push(Box::new(sim::LeastInFlight::new()));
         let approx = simulate::approx_baseline(&config).map_err(|e| e.to_string())?;
+        configs.push(sim::ConfigFile {
+            pipeline: "approx-prefix-load".into(),
+            path: None,
+            sha256: sha256_hex(simulate::APPROX_BASELINE.as_bytes()),
+        });
         routers.push(Box::new(
             simulate::pipeline_router("approx-prefix-load", &approx, &options, &fleet, args.seed)
                 .map_err(|e| e.to_string())?,
@@ -633,7 +648,35 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
     println!("{}", sim::render_table(&reports));
     println!("{}", sim::render_serving_table(&reports));
     if let Some(dir) = &args.output {
-        sim::write_reports(dir, &reports)
+        let run = sim::RunContext {
+            command_line: std::env::args_os()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
+            switchyard_version: env!("CARGO_PKG_VERSION").to_string(),
+            workload: if args.trace.is_some() {
+                "trace".into()
+            } else {
+                args.workload.clone()
+            },
+            trace: args.trace.as_ref().map(|p| p.display().to_string()),
+            workload_parameters: parameters,
+            requests: total as u64,
+            fleet_file: args.fleet.as_ref().map(|p| p.display().to_string()),
+            replicas: fleet.replicas(),
+            profiles: fleet
+                .groups
+                .iter()
+                .map(|g| sim::ProfileGroup {
+                    replicas: g.replicas,
+                    profile: g.profile_name.clone(),
+                })
+                .collect(),
+            block_size_tokens: fleet.block_size_tokens,
+            scrape_interval_ms: fleet.scrape_interval_ms,
+            seed: args.seed,
+            configs,
+        };
+        sim::write_reports(dir, &run, &reports)
             .map_err(|e| format!("writing reports to {}: {e}", dir.display()))?;
         eprintln!(
             "wrote {} and {}",
@@ -696,6 +739,16 @@ fn config_import(
         )),
         None => Ok(()),
     }
+}
+
+/// A pipeline's config file for the report, with the digest of its bytes.
+fn config_file(pipeline: &str, path: &Path) -> Result<sim::ConfigFile, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    Ok(sim::ConfigFile {
+        pipeline: pipeline.to_string(),
+        path: Some(path.display().to_string()),
+        sha256: sha256_hex(&bytes),
+    })
 }
 
 fn read_config(path: &Path) -> Result<LoadedConfig, String> {

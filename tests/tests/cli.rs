@@ -250,7 +250,36 @@ fn simulate_writes_a_report_per_pipeline() {
     assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
-    let pipelines = report.as_array().expect("one object per pipeline");
+    let run = &report["run"];
+    let args: Vec<&str> = run["command_line"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        &args[1..4],
+        ["simulate", "--config", "configs/default.toml"]
+    );
+    assert_eq!(run["workload"], "rl-rollout");
+    assert_eq!(run["workload_parameters"]["steps"], 1);
+    assert_eq!(
+        run["workload_parameters"]["samples"], 16,
+        "defaults filled in"
+    );
+    assert_eq!(run["replicas"], 8);
+    assert_eq!(run["seed"], 0);
+    assert_eq!(run["switchyard_version"], env!("CARGO_PKG_VERSION"));
+    let config = &run["configs"][0];
+    assert_eq!(config["path"], "configs/default.toml");
+    let bytes = std::fs::read(workspace_root().join("configs/default.toml")).unwrap();
+    assert_eq!(
+        config["sha256"],
+        switchyard::plugins::supply::sha256_hex(&bytes)
+    );
+    let pipelines = report["pipelines"]
+        .as_array()
+        .expect("one object per pipeline");
     let names: Vec<&str> = pipelines
         .iter()
         .map(|p| p["name"].as_str().unwrap())

@@ -100,6 +100,49 @@ pub struct PipelineReport {
     pub rl_step_total_ms: Option<f64>,
 }
 
+/// What was run, as `report.json`'s `run` object and the head of `report.html`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RunContext {
+    /// The command line, program name first.
+    pub command_line: Vec<String>,
+    pub switchyard_version: String,
+    /// The built-in workload's name, or `trace`.
+    pub workload: String,
+    /// The trace file, when a trace was replayed.
+    pub trace: Option<String>,
+    /// Every workload parameter with defaults filled in (a trace's arrival parameters).
+    pub workload_parameters: serde_json::Value,
+    pub requests: u64,
+    /// The fleet file, when the fleet came from one.
+    pub fleet_file: Option<String>,
+    pub replicas: usize,
+    /// The replica groups in fleet order: `{replicas, profile}`.
+    pub profiles: Vec<ProfileGroup>,
+    pub block_size_tokens: usize,
+    pub scrape_interval_ms: f64,
+    /// Seed of each pipeline's scheduler.
+    pub seed: u64,
+    /// The config of each pipeline run from a file, in report order.
+    pub configs: Vec<ConfigFile>,
+}
+
+/// Replicas sharing a profile.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProfileGroup {
+    pub replicas: usize,
+    pub profile: String,
+}
+
+/// A pipeline's config file as it was read.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConfigFile {
+    pub pipeline: String,
+    /// As given on the command line; `null` for a config built into the binary.
+    pub path: Option<String>,
+    /// SHA-256 of the bytes read, lowercase hex.
+    pub sha256: String,
+}
+
 /// Completed work per second of the run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Throughput {
@@ -418,15 +461,28 @@ fn load_series(run: &RunOutcome) -> LoadSeries {
     }
 }
 
-/// Writes `report.json` (an array with one object per pipeline, keys as documented on
-/// [`PipelineReport`]) and `report.html` (summary table, per-replica load over time for each
-/// pipeline, TTFT CDFs; inline SVG, no scripts or external assets) into `dir`, creating it
-/// if needed.
-pub fn write_reports(dir: &Path, reports: &[PipelineReport]) -> std::io::Result<()> {
+/// Writes `report.json` (`{"run": ..., "pipelines": [...]}`: the [`RunContext`] and one
+/// object per pipeline, keys as documented on [`PipelineReport`]) and `report.html` (the run,
+/// summary tables and charts; inline SVG, no scripts or external assets) into `dir`, creating
+/// it if needed.
+pub fn write_reports(
+    dir: &Path,
+    run: &RunContext,
+    reports: &[PipelineReport],
+) -> std::io::Result<()> {
+    #[derive(Serialize)]
+    struct Report<'a> {
+        run: &'a RunContext,
+        pipelines: &'a [PipelineReport],
+    }
     std::fs::create_dir_all(dir)?;
-    let json = serde_json::to_string_pretty(reports).map_err(std::io::Error::other)?;
+    let json = serde_json::to_string_pretty(&Report {
+        run,
+        pipelines: reports,
+    })
+    .map_err(std::io::Error::other)?;
     std::fs::write(dir.join("report.json"), json + "\n")?;
-    std::fs::write(dir.join("report.html"), html::page(reports))?;
+    std::fs::write(dir.join("report.html"), html::page(run, reports))?;
     Ok(())
 }
 
