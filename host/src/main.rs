@@ -9,6 +9,7 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use switchyard::config::{LoadedConfig, DEFAULT_CONFIG};
 use switchyard::pipeline::{build, load_registry, Options, Scheduler};
 use switchyard::plugins::inspect;
+use switchyard::plugins::supply::sha256_hex;
 use switchyard::sim::{self, FleetConfig, SimFleet, SimRouter, Workload};
 use switchyard::{effective, jsonl, replay, simulate};
 
@@ -36,22 +37,43 @@ struct Common {
     /// Allow plugin types of stability alpha (same as `allow_experimental_plugins = true`).
     #[arg(long)]
     allow_experimental_plugins: bool,
-    /// A directory searched first for plugin libraries named by bare name (repeatable).
-    #[arg(long = "plugin-dir")]
+    /// A directory searched first for plugin libraries named by bare name (repeatable); the
+    /// environment variable's directory is searched after the ones given here.
+    #[arg(
+        long = "plugin-dir",
+        value_name = "DIR",
+        env = PLUGIN_DIR_ENV
+    )]
     plugin_dirs: Vec<PathBuf>,
+}
+
+const PLUGIN_DIR_ENV: &str = "SWITCHYARD_PLUGIN_DIR";
+
+/// `dirs` and then the directory of `SWITCHYARD_PLUGIN_DIR`, unless it is among them already
+/// (clap puts it there when no `--plugin-dir` is given).
+fn with_env_plugin_dir(mut dirs: Vec<PathBuf>) -> Vec<PathBuf> {
+    if let Some(dir) = std::env::var_os(PLUGIN_DIR_ENV).filter(|d| !d.is_empty()) {
+        let dir = PathBuf::from(dir);
+        if !dirs.contains(&dir) {
+            dirs.push(dir);
+        }
+    }
+    dirs
 }
 
 impl Common {
     fn options(&self) -> Options {
-        let mut plugin_dirs = self.plugin_dirs.clone();
-        if let Some(dir) = std::env::var_os("SWITCHYARD_PLUGIN_DIR") {
-            plugin_dirs.push(dir.into());
-        }
         Options {
             allow_experimental_plugins: self.allow_experimental_plugins,
-            plugin_dirs,
+            plugin_dirs: with_env_plugin_dir(self.plugin_dirs.clone()),
         }
     }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Args)]
@@ -69,8 +91,18 @@ enum PluginsCommand {
     /// stability and description, the plugin API version it was built against, and every
     /// parameter with its type, default, valid range and meaning.
     Inspect {
-        /// The library file (e.g. target/release/libmy_plugin.so).
+        /// The library: a file (e.g. target/release/libmy_plugin.so, relative to the current
+        /// directory) or a bare name as a config's `libraries` take it (e.g.
+        /// prefix_cache_scorer), looked up in the same directories.
         library: PathBuf,
+        /// A directory searched first for a library named by bare name (repeatable); the
+        /// environment variable's directory is searched after the ones given here.
+        #[arg(
+            long = "plugin-dir",
+            value_name = "DIR",
+            env = PLUGIN_DIR_ENV
+        )]
+        plugin_dirs: Vec<PathBuf>,
     },
 }
 
@@ -115,9 +147,9 @@ enum Command {
         /// Seed of every random choice.
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// Log format: text or json.
-        #[arg(long, default_value = "text")]
-        log_format: String,
+        /// Log format.
+        #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+        log_format: LogFormat,
         /// Write every request as a `replay` input line to this file.
         #[arg(long)]
         journal: Option<PathBuf>,
@@ -135,8 +167,12 @@ enum Command {
     Simulate {
         #[command(flatten)]
         common: Common,
-        /// Built-in workload: rl-rollout, shared-prefix or multi-turn.
-        #[arg(long, default_value = "rl-rollout")]
+        /// Built-in workload.
+        #[arg(
+            long,
+            default_value = Workload::NAMES[0],
+            value_parser = clap::builder::PossibleValuesParser::new(Workload::NAMES)
+        )]
         workload: String,
         /// Workload parameter override, `name=value` with the camelCase name (repeatable); with
         /// --trace, only seed, arrivalSpreadMs and arrivalJitterMs.
@@ -146,12 +182,12 @@ enum Command {
         #[arg(long)]
         trace: Option<PathBuf>,
         /// Number of replicas.
-        #[arg(long)]
-        replicas: Option<usize>,
-        /// The replica model of every replica: a step-engine preset or `fixed-rate`
-        /// (default h100x2-qwen3-32b; see docs/simulate.md).
-        #[arg(long)]
-        profile: Option<String>,
+        #[arg(long, default_value_t = FleetConfig::default().replicas)]
+        replicas: usize,
+        /// The replica model of every replica: a step-engine preset or `fixed-rate` (see
+        /// docs/simulate.md).
+        #[arg(long, default_value = sim::profile::DEFAULT_PROFILE)]
+        profile: String,
         /// A fleet file (TOML): groups of replicas with their profiles, block size, scrape
         /// interval, latency objectives.
         #[arg(long, conflicts_with_all = ["replicas", "profile"])]
@@ -162,9 +198,10 @@ enum Command {
         /// Skip the baselines.
         #[arg(long)]
         no_baselines: bool,
-        /// Write report.json and report.html here.
-        #[arg(long)]
+        /// Write report.json and report.html into this directory (created if needed).
+        #[arg(long, value_name = "DIR")]
         output: Option<PathBuf>,
+        /// Seed of each pipeline's scheduler; the workload has its own (--set seed=N).
         #[arg(long, default_value_t = 0)]
         seed: u64,
         /// Refuse a built-in workload whose estimated memory exceeds this (e.g. 4G, 512M);
@@ -190,8 +227,13 @@ enum ConfigCommand {
         /// The scheduling profile to import when the file has several.
         #[arg(long)]
         profile: Option<String>,
-        /// A directory searched first for switchyard's plugin libraries (repeatable).
-        #[arg(long = "plugin-dir")]
+        /// A directory searched first for switchyard's plugin libraries (repeatable); the
+        /// environment variable's directory is searched after the ones given here.
+        #[arg(
+            long = "plugin-dir",
+            value_name = "DIR",
+            env = PLUGIN_DIR_ENV
+        )]
         plugin_dirs: Vec<PathBuf>,
     },
 }
@@ -209,7 +251,7 @@ fn main() -> ExitCode {
     let matches = Cli::command().version(version).get_matches_from(args);
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let (json_logs, default_level) = match &cli.command {
-        Command::Serve { log_format, .. } => (log_format == "json", "info"),
+        Command::Serve { log_format, .. } => (*log_format == LogFormat::Json, "info"),
         Command::ExtProc(args) => (args.log_format == "json", args.log_level()),
         Command::MockReplica(_) => (false, "info"),
         _ => (false, "warn"),
@@ -253,14 +295,9 @@ fn run(command: Command) -> Result<(), String> {
             metrics_port,
             admin_port,
             seed,
-            log_format,
+            log_format: _,
             journal,
         } => {
-            if log_format != "text" && log_format != "json" {
-                return Err(format!(
-                    "--log-format must be text or json (got '{log_format}')"
-                ));
-            }
             let config = read_config(&common.config)?;
             let options = common.options();
             let serve_options = switchyard::serve::ServeOptions {
@@ -277,14 +314,11 @@ fn run(command: Command) -> Result<(), String> {
             output,
             force,
             profile,
-            mut plugin_dirs,
+            plugin_dirs,
         }) => {
-            if let Some(dir) = std::env::var_os("SWITCHYARD_PLUGIN_DIR") {
-                plugin_dirs.push(dir.into());
-            }
             let options = switchyard::config::import::ImportOptions {
                 profile,
-                plugin_dirs,
+                plugin_dirs: with_env_plugin_dir(plugin_dirs),
                 output: output.clone(),
             };
             config_import(&file, output.as_deref(), force, &options)
@@ -307,13 +341,15 @@ fn run(command: Command) -> Result<(), String> {
             Ok(())
         }
         Command::Plugins(PluginsArgs {
-            action: Some(PluginsCommand::Inspect { library }),
+            action:
+                Some(PluginsCommand::Inspect {
+                    library,
+                    plugin_dirs,
+                }),
             ..
         }) => {
-            print!(
-                "{}",
-                inspect::inspect_library(&library).map_err(|e| e.to_string())?
-            );
+            let path = inspect::resolve_library(&library, &with_env_plugin_dir(plugin_dirs))?;
+            print!("{}", inspect::inspect_library(&path)?);
             Ok(())
         }
         Command::Plugins(PluginsArgs {
@@ -399,8 +435,8 @@ struct SimulateArgs {
     workload: String,
     overrides: Vec<String>,
     trace: Option<PathBuf>,
-    replicas: Option<usize>,
-    profile: Option<String>,
+    replicas: usize,
+    profile: String,
     fleet: Option<PathBuf>,
     compare: Vec<PathBuf>,
     no_baselines: bool,
@@ -425,13 +461,8 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
             SimFleet::parse(path, &text).map_err(|e| e.to_string())?
         }
         None => {
-            let replicas = args.replicas.unwrap_or(FleetConfig::default().replicas);
-            let profile = args
-                .profile
-                .as_deref()
-                .unwrap_or(sim::profile::DEFAULT_PROFILE);
-            let fleet =
-                SimFleet::uniform(profile, replicas).map_err(|e| format!("--profile: {e}"))?;
+            let fleet = SimFleet::uniform(&args.profile, args.replicas)
+                .map_err(|e| format!("--profile: {e}"))?;
             fleet.validate().map_err(|e| format!("--replicas: {e}"))?;
             fleet
         }
@@ -461,9 +492,10 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
     let overrides = serde_json::Value::Object(overrides);
     // A trace is read line by line and its requests kept for every router; a built-in
     // workload is generated afresh for each router.
-    let (label, source) = match &args.trace {
+    let (label, source, parameters) = match &args.trace {
         Some(path) => {
             let params = sim::TraceParams::from_overrides(overrides).map_err(|e| e.to_string())?;
+            let parameters = serde_json::to_value(&params).unwrap_or_default();
             let requests = sim::read_trace(path).map_err(|e| match e {
                 sim::TraceError::Line { line, message } => {
                     format!("{}:{line}: {message}", path.display())
@@ -473,6 +505,7 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
             (
                 format!("trace {}", path.display()),
                 Requests::Trace(params.deliver(requests)),
+                parameters,
             )
         }
         None => {
@@ -481,7 +514,12 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
             workload
                 .check_memory(memory_limit, limit_source)
                 .map_err(|e| e.to_string())?;
-            (workload.name().to_string(), Requests::Workload(workload))
+            let parameters = workload.parameters();
+            (
+                workload.name().to_string(),
+                Requests::Workload(workload),
+                parameters,
+            )
         }
     };
     let total = match &source {
@@ -500,6 +538,7 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
         simulate::pipeline_router(&main_name, &config, &options, &fleet, args.seed)
             .map_err(|e| e.to_string())?,
     ));
+    let mut configs = vec![config_file(&main_name, &args.common.config)?];
     let mut names = vec![(main_name.clone(), args.common.config.clone())];
     for path in &args.compare {
         let name = simulate::pipeline_name(path);
@@ -514,6 +553,7 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
         names.push((name, path.clone()));
     }
     for path in &args.compare {
+        configs.push(config_file(&simulate::pipeline_name(path), path)?);
         let extra = read_config(path)?;
         routers.push(Box::new(
             simulate::pipeline_router(
@@ -530,6 +570,11 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
         routers.push(Box::new(sim::RoundRobin::new()));
         routers.push(Box::new(sim::LeastInFlight::new()));
         let approx = simulate::approx_baseline(&config).map_err(|e| e.to_string())?;
+        configs.push(sim::ConfigFile {
+            pipeline: "approx-prefix-load".into(),
+            path: None,
+            sha256: sha256_hex(simulate::APPROX_BASELINE.as_bytes()),
+        });
         routers.push(Box::new(
             simulate::pipeline_router("approx-prefix-load", &approx, &options, &fleet, args.seed)
                 .map_err(|e| e.to_string())?,
@@ -603,7 +648,35 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
     println!("{}", sim::render_table(&reports));
     println!("{}", sim::render_serving_table(&reports));
     if let Some(dir) = &args.output {
-        sim::write_reports(dir, &reports)
+        let run = sim::RunContext {
+            command_line: std::env::args_os()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect(),
+            switchyard_version: env!("CARGO_PKG_VERSION").to_string(),
+            workload: if args.trace.is_some() {
+                "trace".into()
+            } else {
+                args.workload.clone()
+            },
+            trace: args.trace.as_ref().map(|p| p.display().to_string()),
+            workload_parameters: parameters,
+            requests: total as u64,
+            fleet_file: args.fleet.as_ref().map(|p| p.display().to_string()),
+            replicas: fleet.replicas(),
+            profiles: fleet
+                .groups
+                .iter()
+                .map(|g| sim::ProfileGroup {
+                    replicas: g.replicas,
+                    profile: g.profile_name.clone(),
+                })
+                .collect(),
+            block_size_tokens: fleet.block_size_tokens,
+            scrape_interval_ms: fleet.scrape_interval_ms,
+            seed: args.seed,
+            configs,
+        };
+        sim::write_reports(dir, &run, &reports)
             .map_err(|e| format!("writing reports to {}: {e}", dir.display()))?;
         eprintln!(
             "wrote {} and {}",
@@ -666,6 +739,16 @@ fn config_import(
         )),
         None => Ok(()),
     }
+}
+
+/// A pipeline's config file for the report, with the digest of its bytes.
+fn config_file(pipeline: &str, path: &Path) -> Result<sim::ConfigFile, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    Ok(sim::ConfigFile {
+        pipeline: pipeline.to_string(),
+        path: Some(path.display().to_string()),
+        sha256: sha256_hex(&bytes),
+    })
 }
 
 fn read_config(path: &Path) -> Result<LoadedConfig, String> {

@@ -250,7 +250,36 @@ fn simulate_writes_a_report_per_pipeline() {
     assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
-    let pipelines = report.as_array().expect("one object per pipeline");
+    let run = &report["run"];
+    let args: Vec<&str> = run["command_line"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        &args[1..4],
+        ["simulate", "--config", "configs/default.toml"]
+    );
+    assert_eq!(run["workload"], "rl-rollout");
+    assert_eq!(run["workload_parameters"]["steps"], 1);
+    assert_eq!(
+        run["workload_parameters"]["samples"], 16,
+        "defaults filled in"
+    );
+    assert_eq!(run["replicas"], 8);
+    assert_eq!(run["seed"], 0);
+    assert_eq!(run["switchyard_version"], env!("CARGO_PKG_VERSION"));
+    let config = &run["configs"][0];
+    assert_eq!(config["path"], "configs/default.toml");
+    let bytes = std::fs::read(workspace_root().join("configs/default.toml")).unwrap();
+    assert_eq!(
+        config["sha256"],
+        switchyard::plugins::supply::sha256_hex(&bytes)
+    );
+    let pipelines = report["pipelines"]
+        .as_array()
+        .expect("one object per pipeline");
     let names: Vec<&str> = pipelines
         .iter()
         .map(|p| p["name"].as_str().unwrap())
@@ -432,15 +461,144 @@ fn plugins_inspect_refuses_what_the_host_would_refuse() {
         err.starts_with("error: cannot open plugin library "),
         "{err}"
     );
+    assert!(!err.contains("config"), "{err}");
     let missing = dir.join("libgone.so");
     let out = run(&["plugins", "inspect", missing.to_str().unwrap()]);
     assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("No such file or directory"), "{err}");
+    // No config is involved, so its error names none.
+    assert!(!err.contains("config"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn plugins_inspect_takes_a_bare_library_name_as_configs_do() {
+    // A copy of a library in a directory of its own: --plugin-dir and the environment
+    // variable are searched before the binary's directory, so the copy is the one shown.
+    let dir = temp_dir("inspect-bare");
+    let copy = dir.join("libprefix_cache_scorer.so");
+    std::fs::copy(plugin_dir().join("libprefix_cache_scorer.so"), &copy).unwrap();
+    let shown = format!("library     {}\n", copy.canonicalize().unwrap().display());
+    let by_flag = run(&[
+        "plugins",
+        "inspect",
+        "prefix_cache_scorer",
+        "--plugin-dir",
+        dir.to_str().unwrap(),
+    ]);
+    let text = stdout(&by_flag);
+    assert!(by_flag.status.success(), "{text}\n{}", stderr(&by_flag));
+    assert!(text.starts_with(&shown), "{text}");
+    assert!(text.contains("\nprefix-cache-scorer\n"), "{text}");
+
+    let by_env = Command::new(binary())
+        .args(["plugins", "inspect", "prefix_cache_scorer"])
+        .current_dir(workspace_root())
+        .env("SWITCHYARD_PLUGIN_DIR", &dir)
+        .output()
+        .expect("switchyard runs");
+    assert!(by_env.status.success(), "{}", stderr(&by_env));
+    assert!(stdout(&by_env).starts_with(&shown), "{}", stdout(&by_env));
+
+    let missing = run(&[
+        "plugins",
+        "inspect",
+        "no_such_plugin",
+        "--plugin-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(!missing.status.success());
+    let err = stderr(&missing);
     assert!(
-        stderr(&out).contains("No such file or directory"),
+        err.starts_with("error: plugin library 'no_such_plugin' not found; looked for"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&dir.join("libno_such_plugin.so").display().to_string()),
+        "{err}"
+    );
+    assert!(!err.contains("config"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The option lines of `args --help`, one string.
+fn help(args: &[&str]) -> String {
+    let mut args = args.to_vec();
+    args.push("--help");
+    let out = run(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    stdout(&out)
+}
+
+/// The help line of `flag` (from its flag to the next option's line).
+fn help_line<'a>(text: &'a str, flag: &str) -> &'a str {
+    let start = text
+        .find(&format!("  {flag} "))
+        .unwrap_or_else(|| panic!("{flag} in\n{text}"));
+    let rest = &text[start + 2..];
+    let end = rest.find("\n  -").unwrap_or(rest.len());
+    &rest[..end]
+}
+
+#[test]
+fn help_names_values_defaults_and_the_environment() {
+    let simulate = help(&["simulate"]);
+    let workload = help_line(&simulate, "--workload");
+    assert!(
+        workload.contains("[possible values: rl-rollout, shared-prefix, multi-turn]"),
+        "{workload}"
+    );
+    assert!(
+        help_line(&simulate, "--replicas").contains("[default: 8]"),
+        "{simulate}"
+    );
+    let seed = help_line(&simulate, "--seed");
+    assert!(seed.starts_with("--seed <SEED>  "), "{seed}");
+    assert!(seed.contains("scheduler"), "{seed}");
+    assert!(help_line(&simulate, "--output").starts_with("--output <DIR> "));
+
+    let serve = help(&["serve"]);
+    assert!(
+        help_line(&serve, "--log-format").contains("[possible values: text, json]"),
+        "{serve}"
+    );
+
+    for command in [
+        &["check"][..],
+        &["simulate"],
+        &["serve"],
+        &["replay"],
+        &["plugins"],
+        &["plugins", "inspect"],
+        &["config", "import"],
+    ] {
+        let text = help(command);
+        let line = help_line(&text, "--plugin-dir");
+        assert!(
+            line.starts_with("--plugin-dir <DIR> "),
+            "{command:?}: {line}"
+        );
+        assert!(
+            line.contains("[env: SWITCHYARD_PLUGIN_DIR="),
+            "{command:?}: {line}"
+        );
+    }
+
+    let out = run(&["simulate", "--workload", "chat"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("possible values: rl-rollout, shared-prefix, multi-turn"),
+        "{err}"
+    );
+    let out = run(&["serve", "--log-format", "xml"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("possible values: text, json"),
         "{}",
         stderr(&out)
     );
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]

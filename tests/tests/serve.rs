@@ -360,7 +360,7 @@ async fn a_spread_burst_through_serve_matches_simulate() {
     let report: Value =
         serde_json::from_slice(&std::fs::read(output.join("report.json")).expect("report.json"))
             .expect("report is JSON");
-    let simulated = &report[0];
+    let simulated = &report["pipelines"][0];
     let sim_prefills = simulated["prefills_per_prompt_per_step"]
         .as_f64()
         .expect("prefills per prompt");

@@ -491,23 +491,29 @@ impl LoadedConfig {
         if is_library_path(entry) {
             return vec![base.join(entry)];
         }
-        let file = library_file_name(entry);
         let mut dirs: Vec<PathBuf> = extra_dirs.to_vec();
         dirs.extend(self.config.plugin_dirs.iter().map(|d| base.join(d)));
-        if let Some(exe_dir) = std::env::current_exe()
-            .ok()
-            .and_then(|exe| exe.parent().map(Path::to_path_buf))
-        {
-            dirs.push(exe_dir.clone());
-            // Test and bench binaries live one level below the profile directory.
-            if exe_dir.ends_with("deps") {
-                if let Some(parent) = exe_dir.parent() {
-                    dirs.push(parent.to_path_buf());
-                }
+        bare_library_candidates(entry, dirs)
+    }
+}
+
+/// Where a library named by bare name is looked for, in order: `dirs`, then the directory of
+/// the running binary.
+pub fn bare_library_candidates(name: &str, mut dirs: Vec<PathBuf>) -> Vec<PathBuf> {
+    let file = library_file_name(name);
+    if let Some(exe_dir) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(Path::to_path_buf))
+    {
+        dirs.push(exe_dir.clone());
+        // Test and bench binaries live one level below the profile directory.
+        if exe_dir.ends_with("deps") {
+            if let Some(parent) = exe_dir.parent() {
+                dirs.push(parent.to_path_buf());
             }
         }
-        dirs.into_iter().map(|d| d.join(&file)).collect()
     }
+    dirs.into_iter().map(|d| d.join(&file)).collect()
 }
 
 /// Whether a `libraries` entry is a path (else a bare library name).

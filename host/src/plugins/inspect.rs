@@ -2,9 +2,12 @@
 //! makes available, and everything one library exports.
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
+use switchyard_plugin_api::loading::{LoadError, LoadProblem};
 use switchyard_plugin_api::{ApiVersion, Stability};
+
+use crate::config::{bare_library_candidates, is_library_path};
 
 use super::registry::{PluginType, Registry, RegistryError};
 
@@ -73,11 +76,61 @@ pub fn render_list(registry: &Registry) -> String {
     out
 }
 
+/// The file `plugins inspect` loads for `entry`: a path (an entry with `/` or an extension)
+/// relative to the current directory, or a bare name looked up as a config's bare names are,
+/// with `plugin_dirs` searched first.
+pub fn resolve_library(entry: &Path, plugin_dirs: &[PathBuf]) -> Result<PathBuf, String> {
+    let text = entry.to_string_lossy();
+    if is_library_path(&text) {
+        return match std::fs::metadata(entry) {
+            Ok(_) => Ok(entry.to_path_buf()),
+            Err(e) => Err(format!(
+                "cannot open plugin library {}: {e}\n  a path is taken relative to the current \
+                 directory; a bare name such as prefix_cache_scorer is looked up in \
+                 --plugin-dir, SWITCHYARD_PLUGIN_DIR and the directory of the switchyard binary",
+                entry.display()
+            )),
+        };
+    }
+    let candidates = bare_library_candidates(&text, plugin_dirs.to_vec());
+    match candidates.iter().find(|p| p.exists()) {
+        Some(path) => Ok(path.clone()),
+        None => {
+            let mut message = RegistryError::NotFound {
+                entry: text.to_string(),
+                searched: candidates,
+            }
+            .to_string();
+            if text.contains('-') {
+                let _ = write!(
+                    message,
+                    "\n  library names are written with underscores, as the file is named: {}",
+                    text.replace('-', "_")
+                );
+            }
+            Err(message)
+        }
+    }
+}
+
 /// Loads the library at `path` on its own (no config, no built-ins) and describes every
 /// type it exports.
-pub fn inspect_library(path: &Path) -> Result<String, RegistryError> {
+pub fn inspect_library(path: &Path) -> Result<String, String> {
     let mut registry = Registry::default();
-    registry.load_path(path, &super::LibraryChecks::inspect_only())?;
+    registry
+        .load_path(path, &super::LibraryChecks::inspect_only())
+        .map_err(|e| match e {
+            RegistryError::Refused(LoadError {
+                path,
+                problem: LoadProblem::Open(reason),
+                ..
+            }) => format!(
+                "cannot open plugin library {}: {reason}\n  is it a plugin library built for \
+                 this platform (cargo build --workspace)?",
+                path.display()
+            ),
+            other => other.to_string(),
+        })?;
     let types: Vec<&PluginType> = registry.iter().collect();
     let mut out = String::new();
     let shown = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());

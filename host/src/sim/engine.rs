@@ -22,7 +22,10 @@ const MAX_IDLE_WAKEUPS_PER_INSTANT: u32 = 1000;
 pub(crate) enum Status {
     /// Submitted to the router, no decision yet.
     Pending,
+    /// Refused by the router, or a duplicate id turned away on arrival.
     Rejected,
+    /// Sent to a replica that refused it (longer than its whole KV pool).
+    Refused,
     /// Sent to a replica, not finished.
     Dispatched,
     Completed,
@@ -92,8 +95,9 @@ pub(crate) struct RunOutcome {
     pub replicas: Vec<SimReplica>,
     /// TTFT and time-per-output-token objectives, ms.
     pub objectives: (f64, f64),
-    /// Distinct full-block hashes over the requests sent to a replica.
-    pub distinct_blocks: u64,
+    /// Distinct full-block hashes of the prompts the replicas took, less those a replica
+    /// could have cached from a taken request's output (see [`ideal_blocks`]).
+    pub ideal_blocks: u64,
     pub block_size: usize,
     pub end_ms: f64,
 }
@@ -206,9 +210,12 @@ struct Sim<I: Iterator<Item = SimRequest>> {
     chains: HashMap<usize, SharedChain>,
     /// Sweep `chains` of buffers nothing else holds when it grows past this.
     sweep_at: usize,
-    /// Per chain (by its start in `hashes`), the end of the part dispatched so far: the
+    /// Per chain (by its start in `hashes`), the end of the part served so far: the
     /// samples of a prompt add its blocks once, not once each.
     counted: HashMap<usize, usize>,
+    /// The parts of `hashes` that requests served by a step engine generated (their
+    /// output's full blocks), non-empty ones only.
+    generated: Vec<Range<usize>>,
     replicas: Vec<SimReplica>,
     /// Each replica as the router sees it: metrics as of the last scrape, in-flight counts
     /// exact.
@@ -245,6 +252,7 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             chains: HashMap::new(),
             sweep_at: 64,
             counted: HashMap::new(),
+            generated: Vec::new(),
             replicas,
             view,
             scrape_interval_ms: fleet.scrape_interval_ms,
@@ -471,6 +479,17 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
         record.status = Status::Dispatched;
         record.replica = Some(r);
         let job = record.job.clone();
+        if let SimReplica::Stepped(replica) = &self.replicas[r] {
+            if !replica.fits(&job) {
+                // Longer than the replica's whole KV pool: refused, as an engine refuses a
+                // request over its maximum length.
+                self.records[i].status = Status::Refused;
+                self.records[i].replica = None;
+                self.finished += 1;
+                router.on_complete(self.now, self.records[i].id, r);
+                return;
+            }
+        }
         let counted = self
             .counted
             .entry(job.blocks.start)
@@ -482,14 +501,9 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
                 self.started(r, started);
             }
             SimReplica::Stepped(replica) => {
-                if !replica.fits(&job) {
-                    // Longer than the replica's whole KV pool: refused, as an engine refuses
-                    // a request over its maximum length.
-                    self.records[i].status = Status::Rejected;
-                    self.records[i].replica = None;
-                    self.finished += 1;
-                    router.on_complete(self.now, self.records[i].id, r);
-                    return;
+                // Only the step engine keeps the blocks its decode fills.
+                if job.chain_end > job.blocks.end {
+                    self.generated.push(job.blocks.end..job.chain_end);
                 }
                 if let Some(at) = replica.dispatch(self.now, job) {
                     self.schedule(at, EventKind::StepDone(r));
@@ -622,17 +636,32 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             records: self.records,
             replicas: self.replicas,
             objectives: self.objectives,
-            distinct_blocks: distinct_blocks(self.hashes, &self.counted),
+            ideal_blocks: ideal_blocks(self.hashes, &self.counted, &self.generated),
             block_size: self.block_size,
             end_ms: self.now,
         }
     }
 }
 
-/// How many distinct block hashes the dispatched parts of the chains hold, counted in the
-/// chains' own store: the parts are moved to its front, sorted and deduplicated there, so the
-/// count costs no memory beyond the store.
-fn distinct_blocks(mut hashes: Vec<u64>, counted: &HashMap<usize, usize>) -> u64 {
+/// How many distinct block hashes the served parts of the prompt chains hold that no served
+/// request generated on a replica that caches its output: such a block can be in a cache
+/// without being prefilled (a multi-turn session's next prompt holds the previous answer);
+/// every other block of a served prompt is prefilled at least once by any placement.
+///
+/// The prompt parts are counted in the chains' own store: they are moved to its front,
+/// sorted and deduplicated there, so the count costs no memory beyond the store and a copy of
+/// the generated blocks.
+fn ideal_blocks(
+    mut hashes: Vec<u64>,
+    counted: &HashMap<usize, usize>,
+    generated: &[Range<usize>],
+) -> u64 {
+    let mut decoded: Vec<u64> = generated
+        .iter()
+        .flat_map(|range| hashes[range.clone()].iter().copied())
+        .collect();
+    decoded.sort_unstable();
+    decoded.dedup();
     let mut parts: Vec<(usize, usize)> = counted.iter().map(|(&s, &e)| (s, e)).collect();
     parts.sort_unstable();
     let mut len = 0;
@@ -644,7 +673,10 @@ fn distinct_blocks(mut hashes: Vec<u64>, counted: &HashMap<usize, usize>) -> u64
     hashes.truncate(len);
     hashes.sort_unstable();
     hashes.dedup();
-    hashes.len() as u64
+    hashes
+        .iter()
+        .filter(|h| decoded.binary_search(h).is_err())
+        .count() as u64
 }
 
 #[cfg(test)]

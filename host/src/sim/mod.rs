@@ -21,7 +21,10 @@ pub mod workload;
 pub use config::{FleetConfig, ParamError};
 pub use engine::{run, run_stream};
 pub use fleet::{Profile, ReplicaGroup, SimFleet};
-pub use report::{render_serving_table, render_table, write_reports, PipelineReport};
+pub use report::{
+    render_serving_table, render_table, write_reports, ConfigFile, PipelineReport, ProfileGroup,
+    RunContext,
+};
 pub use router::{
     Decision, LeastInFlight, ReplicaState, RoundRobin, SimRequest, SimRouter, Tokens,
 };

@@ -18,15 +18,20 @@ const LOAD_BUCKETS: usize = 200;
 /// Serialized (in `report.json`) with these keys, in this order:
 ///
 /// * `name` — the router's name.
-/// * `requests` — requests in the workload; `completed`, `rejected` (by the router, or as a
-///   duplicate id) and `unrouted` (never decided) add up to it.
+/// * `requests` — requests in the workload; `completed`, `rejected_by_router` (the router
+///   refused it, or its id repeated an earlier request's), `rejected_by_replica` (the replica
+///   it was sent to refused it: longer than its whole KV pool) and `unrouted` (never decided)
+///   add up to it.
 /// * `prompt_tokens` — prompt tokens of the requests sent to a replica ("served").
 /// * `prefill_tokens_computed` / `prefill_tokens_cached` — of those, tokens the replicas
 ///   prefilled / found in their prefix cache (they add up to `prompt_tokens`).
-/// * `prefill_tokens_ideal` — the least any placement could prefill with unbounded caches:
+/// * `prefill_tokens_ideal` — a floor no placement goes below, even with unbounded caches:
 ///   every distinct full block of the served prompts once (distinct chained block hashes ×
-///   block size), plus every served prompt's partial last block (`len mod block size`
-///   tokens), which replicas never cache.
+///   block size), except the blocks a request served by a step engine generated (the engine
+///   caches its output, which a later prompt such as a session's next turn can reuse without
+///   prefilling it),
+///   plus every served prompt's partial last block (`len mod block size` tokens), which
+///   replicas never cache.
 /// * `cache_hit_rate` — `prefill_tokens_cached / prompt_tokens` (0 when nothing was served).
 /// * `ttft_ms` — time to first token (arrival → prefill done, so it includes the router's
 ///   wait and queueing) over completed requests: `{count, mean, p50, p99}`.
@@ -66,7 +71,8 @@ pub struct PipelineReport {
     pub name: String,
     pub requests: u64,
     pub completed: u64,
-    pub rejected: u64,
+    pub rejected_by_router: u64,
+    pub rejected_by_replica: u64,
     pub unrouted: u64,
     pub prompt_tokens: u64,
     pub prefill_tokens_computed: u64,
@@ -92,6 +98,49 @@ pub struct PipelineReport {
     pub utilisation: Utilisation,
     pub rl_steps: Vec<RlStep>,
     pub rl_step_total_ms: Option<f64>,
+}
+
+/// What was run, as `report.json`'s `run` object and the head of `report.html`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct RunContext {
+    /// The command line, program name first.
+    pub command_line: Vec<String>,
+    pub switchyard_version: String,
+    /// The built-in workload's name, or `trace`.
+    pub workload: String,
+    /// The trace file, when a trace was replayed.
+    pub trace: Option<String>,
+    /// Every workload parameter with defaults filled in (a trace's arrival parameters).
+    pub workload_parameters: serde_json::Value,
+    pub requests: u64,
+    /// The fleet file, when the fleet came from one.
+    pub fleet_file: Option<String>,
+    pub replicas: usize,
+    /// The replica groups in fleet order: `{replicas, profile}`.
+    pub profiles: Vec<ProfileGroup>,
+    pub block_size_tokens: usize,
+    pub scrape_interval_ms: f64,
+    /// Seed of each pipeline's scheduler.
+    pub seed: u64,
+    /// The config of each pipeline run from a file, in report order.
+    pub configs: Vec<ConfigFile>,
+}
+
+/// Replicas sharing a profile.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ProfileGroup {
+    pub replicas: usize,
+    pub profile: String,
+}
+
+/// A pipeline's config file as it was read.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ConfigFile {
+    pub pipeline: String,
+    /// As given on the command line; `null` for a config built into the binary.
+    pub path: Option<String>,
+    /// SHA-256 of the bytes read, lowercase hex.
+    pub sha256: String,
 }
 
 /// Completed work per second of the run.
@@ -186,7 +235,7 @@ impl Summary {
 impl PipelineReport {
     pub(crate) fn from_outcome(name: &str, run: &RunOutcome) -> PipelineReport {
         let bs = run.block_size as u64;
-        let mut counts = [0u64; 3];
+        let mut counts = [0u64; 4];
         let (mut prompt_tokens, mut computed, mut cached, mut tails) = (0u64, 0u64, 0u64, 0u64);
         let (mut ttft, mut e2e, mut wait) = (Vec::new(), Vec::new(), Vec::new());
         let (mut queue, mut prefill, mut tpot) = (Vec::new(), Vec::new(), Vec::new());
@@ -201,7 +250,8 @@ impl PipelineReport {
             match rec.status {
                 Status::Completed => counts[0] += 1,
                 Status::Rejected => counts[1] += 1,
-                _ => counts[2] += 1,
+                Status::Refused => counts[2] += 1,
+                Status::Pending | Status::Dispatched => counts[3] += 1,
             }
             if !rec.decided_ms.is_nan() {
                 wait.push(rec.decided_ms - rec.arrival_ms);
@@ -270,12 +320,13 @@ impl PipelineReport {
             name: name.to_string(),
             requests: run.records.len() as u64,
             completed: counts[0],
-            rejected: counts[1],
-            unrouted: counts[2],
+            rejected_by_router: counts[1],
+            rejected_by_replica: counts[2],
+            unrouted: counts[3],
             prompt_tokens,
             prefill_tokens_computed: computed,
             prefill_tokens_cached: cached,
-            prefill_tokens_ideal: run.distinct_blocks * bs + tails,
+            prefill_tokens_ideal: run.ideal_blocks * bs + tails,
             cache_hit_rate: if prompt_tokens == 0 {
                 0.0
             } else {
@@ -410,15 +461,28 @@ fn load_series(run: &RunOutcome) -> LoadSeries {
     }
 }
 
-/// Writes `report.json` (an array with one object per pipeline, keys as documented on
-/// [`PipelineReport`]) and `report.html` (summary table, per-replica load over time for each
-/// pipeline, TTFT CDFs; inline SVG, no scripts or external assets) into `dir`, creating it
-/// if needed.
-pub fn write_reports(dir: &Path, reports: &[PipelineReport]) -> std::io::Result<()> {
+/// Writes `report.json` (`{"run": ..., "pipelines": [...]}`: the [`RunContext`] and one
+/// object per pipeline, keys as documented on [`PipelineReport`]) and `report.html` (the run,
+/// summary tables and charts; inline SVG, no scripts or external assets) into `dir`, creating
+/// it if needed.
+pub fn write_reports(
+    dir: &Path,
+    run: &RunContext,
+    reports: &[PipelineReport],
+) -> std::io::Result<()> {
+    #[derive(Serialize)]
+    struct Report<'a> {
+        run: &'a RunContext,
+        pipelines: &'a [PipelineReport],
+    }
     std::fs::create_dir_all(dir)?;
-    let json = serde_json::to_string_pretty(reports).map_err(std::io::Error::other)?;
+    let json = serde_json::to_string_pretty(&Report {
+        run,
+        pipelines: reports,
+    })
+    .map_err(std::io::Error::other)?;
     std::fs::write(dir.join("report.json"), json + "\n")?;
-    std::fs::write(dir.join("report.html"), html::page(reports))?;
+    std::fs::write(dir.join("report.html"), html::page(run, reports))?;
     Ok(())
 }
 
@@ -505,10 +569,11 @@ fn aligned<R: AsRef<[String]>>(header: &[&str], rows: &[R]) -> String {
 
 /// One row per pipeline with the key figures, columns aligned, for a terminal.
 pub fn render_table(reports: &[PipelineReport]) -> String {
-    const HEADER: [&str; 12] = [
+    const HEADER: [&str; 13] = [
         "pipeline",
         "done",
-        "rejected",
+        "rejected router/replica",
+        "unrouted",
         "hit rate",
         "prefill tok",
         "ideal tok",
@@ -519,13 +584,14 @@ pub fn render_table(reports: &[PipelineReport]) -> String {
         "requests/replica min-max",
         "prefills/prompt",
     ];
-    let rows: Vec<[String; 12]> = reports
+    let rows: Vec<[String; 13]> = reports
         .iter()
         .map(|r| {
             [
                 r.name.clone(),
                 format!("{}/{}", r.completed, r.requests),
-                (r.rejected + r.unrouted).to_string(),
+                format!("{}/{}", r.rejected_by_router, r.rejected_by_replica),
+                r.unrouted.to_string(),
                 format!("{:.1}%", r.cache_hit_rate * 100.0),
                 r.prefill_tokens_computed.to_string(),
                 r.prefill_tokens_ideal.to_string(),

@@ -120,6 +120,16 @@ impl Workload {
         }
     }
 
+    /// Every parameter, defaults filled in, under its camelCase name.
+    pub fn parameters(&self) -> serde_json::Value {
+        let value = match self {
+            Workload::RlRollout(p) => serde_json::to_value(p),
+            Workload::SharedPrefix(p) => serde_json::to_value(p),
+            Workload::MultiTurn(p) => serde_json::to_value(p),
+        };
+        value.unwrap_or(serde_json::Value::Null)
+    }
+
     pub fn validate(&self) -> Result<(), ParamError> {
         match self {
             Workload::RlRollout(p) => p.validate(),

@@ -64,7 +64,7 @@ fn round_robin_queues_behind_the_long_request() {
         (
             report.requests,
             report.completed,
-            report.rejected,
+            report.rejected_by_router,
             report.unrouted
         ),
         (4, 4, 0, 0)
@@ -313,7 +313,7 @@ fn rejected_and_unrouted_requests_end_the_run() {
     };
     let report = run_quiet(&workload, &fleet(2, 1, 100.0), &mut rejecting);
     assert_eq!(
-        (report.completed, report.rejected, report.unrouted),
+        (report.completed, report.rejected_by_router, report.unrouted),
         (0, 4, 0)
     );
     assert_eq!(report.prompt_tokens, 0);
@@ -327,7 +327,7 @@ fn rejected_and_unrouted_requests_end_the_run() {
     };
     let report = run_quiet(&workload, &fleet(2, 1, 100.0), &mut silent);
     assert_eq!(
-        (report.completed, report.rejected, report.unrouted),
+        (report.completed, report.rejected_by_router, report.unrouted),
         (0, 0, 4)
     );
 
@@ -372,7 +372,7 @@ fn decisions_for_missing_replicas_reject_and_unknown_ids_are_ignored() {
     let workload = vec![request(0, 0.0, distinct_prompt(1, 32), 1)];
     let report = run_quiet(&workload, &fleet(2, 1, 100.0), &mut OutOfRange);
     assert_eq!(
-        (report.completed, report.rejected, report.unrouted),
+        (report.completed, report.rejected_by_router, report.unrouted),
         (0, 1, 0)
     );
 }
@@ -384,7 +384,7 @@ fn duplicate_ids_are_rejected_without_reaching_the_router() {
         request(5, 1.0, distinct_prompt(2, 32), 1),
     ];
     let report = run_quiet(&workload, &fleet(1, 4, 100.0), &mut RoundRobin::new());
-    assert_eq!((report.completed, report.rejected), (1, 1));
+    assert_eq!((report.completed, report.rejected_by_router), (1, 1));
     assert_eq!(report.replica_load.served_per_replica, vec![1]);
 }
 
@@ -399,7 +399,7 @@ fn ids_equal_to_their_arrival_index_and_other_ids_are_told_apart() {
         .map(|(k, &id)| request(id, k as f64, distinct_prompt(k as u32, 32), 1))
         .collect();
     let report = run_quiet(&workload, &fleet(2, 4, 100.0), &mut RoundRobin::new());
-    assert_eq!((report.completed, report.rejected), (6, 2));
+    assert_eq!((report.completed, report.rejected_by_router), (6, 2));
 
     // A duplicate at its own index (the second 3) must not hide the first 3, placed elsewhere,
     // from decisions that come after the duplicate arrived.
@@ -410,7 +410,7 @@ fn ids_equal_to_their_arrival_index_and_other_ids_are_told_apart() {
         .collect();
     let mut router = DecidesAtTheEnd::default();
     let report = run_quiet(&workload, &fleet(2, 4, 100.0), &mut router);
-    assert_eq!((report.completed, report.rejected), (3, 1));
+    assert_eq!((report.completed, report.rejected_by_router), (3, 1));
 }
 
 /// Holds every decision until it is polled at 3 ms or later, then places all it holds on
@@ -726,7 +726,92 @@ fn a_request_larger_than_the_pool_is_rejected_and_released() {
         request(1, 0.0, distinct_prompt(2, 16), 1),
     ];
     let report = run_engine(&workload, &engine_fleet(1, 0.0), &mut RoundRobin::new());
-    assert_eq!((report.completed, report.rejected), (1, 1));
+    assert_eq!(
+        (
+            report.completed,
+            report.rejected_by_router,
+            report.rejected_by_replica
+        ),
+        (1, 0, 1)
+    );
+}
+
+/// One replica of `kv_blocks` blocks of 16 tokens.
+fn small_engine_fleet(kv_blocks: usize) -> SimFleet {
+    use crate::sim::fleet::ReplicaGroup;
+    use crate::sim::profile::EngineParams;
+    SimFleet {
+        groups: vec![ReplicaGroup {
+            replicas: 1,
+            profile_name: "test".into(),
+            profile: Profile::Engine(EngineParams::round_numbers(kv_blocks)),
+        }],
+        ..SimFleet::default_fleet(1)
+    }
+}
+
+#[test]
+fn a_prompt_the_replica_refuses_adds_nothing_to_the_ideal() {
+    // Two 54-token prompts (3 full blocks and a 6-token tail each) on a 4-block replica: the
+    // first with its output fits in 4 blocks, the second needs 5 and is refused.
+    let workload = vec![
+        request(0, 0.0, distinct_prompt(1, 54), 1),
+        request(1, 0.0, distinct_prompt(2, 54), 20),
+    ];
+    let report = run_engine(&workload, &small_engine_fleet(4), &mut RoundRobin::new());
+    assert_eq!(
+        (
+            report.completed,
+            report.rejected_by_router,
+            report.rejected_by_replica
+        ),
+        (1, 0, 1)
+    );
+    assert_eq!(report.prompt_tokens, 54);
+    assert_eq!(report.prefill_tokens_computed, 54);
+    assert_eq!(report.prefill_tokens_ideal, 3 * 16 + 6);
+    assert!(report.prefill_tokens_ideal <= report.prefill_tokens_computed);
+}
+
+/// Three turns of one session: each prompt is the conversation so far (the previous prompt
+/// and its answer) and a new 16-token message; all prompts and answers are whole blocks.
+fn session() -> Vec<SimRequest> {
+    let (messages, answers) = ([48usize, 16, 16], [32usize, 32, 0]);
+    let total: usize = messages.iter().sum::<usize>() + answers.iter().sum::<usize>();
+    let buffer: std::sync::Arc<[u32]> = distinct_prompt(7, total as u32).into();
+    let mut len = 0;
+    let mut turns = Vec::new();
+    for (k, (message, answer)) in messages.iter().zip(answers).enumerate() {
+        len += message;
+        turns.push(SimRequest {
+            tokens: crate::sim::Tokens::prefix(&buffer, len),
+            group: 0,
+            ..request(
+                k as u64,
+                1000.0 * k as f64,
+                Vec::new(),
+                answer.max(1) as u32,
+            )
+        });
+        len += answer;
+    }
+    turns
+}
+
+#[test]
+fn the_ideal_counts_no_block_a_replica_generated() {
+    let workload = session();
+    let report = run_engine(&workload, &small_engine_fleet(100), &mut RoundRobin::new());
+    assert_eq!(report.completed, 3);
+    // Distinct prompt blocks: the 48 + 32 + 16 + 32 + 16 tokens of the last prompt, 9 blocks;
+    // the two answers' 4 blocks were decoded, so no placement has to prefill them.
+    assert_eq!(report.prefill_tokens_ideal, (9 - 4) * 16);
+    assert!(
+        report.prefill_tokens_ideal <= report.prefill_tokens_computed,
+        "{} > {}",
+        report.prefill_tokens_ideal,
+        report.prefill_tokens_computed
+    );
 }
 
 #[test]

@@ -1,10 +1,10 @@
 //! `report.html`: a self-contained page with a summary table and inline SVG line charts.
 
-use super::PipelineReport;
+use super::{PipelineReport, RunContext};
 use std::fmt::Write as _;
 
-const WIDTH: f64 = 760.0;
-const HEIGHT: f64 = 300.0;
+const WIDTH: f64 = 1200.0;
+const HEIGHT: f64 = 320.0;
 const LEFT: f64 = 64.0;
 const RIGHT: f64 = 28.0;
 const TOP: f64 = 28.0;
@@ -13,15 +13,68 @@ const PALETTE: [&str; 10] = [
     "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
     "#bcbd22", "#17becf",
 ];
+/// Dash patterns of the second, third, … of series with identical values, so each stays
+/// visible over the ones drawn before it.
+const DASHES: [&str; 4] = ["8 6", "2 5", "14 4 2 4", "4 3"];
 
-/// One line of a chart.
-struct Line<'a> {
+/// One series of a chart: a line through `points`, or bars of `points`' y values.
+struct Series<'a> {
     label: String,
     color: &'a str,
     points: Vec<(f64, f64)>,
+    /// Empty for a solid line.
+    dash: &'static str,
 }
 
-pub(super) fn page(reports: &[PipelineReport]) -> String {
+/// A value axis from 0: its end and its tick values.
+struct Axis {
+    end: f64,
+    ticks: Vec<f64>,
+    integer: bool,
+}
+
+impl Axis {
+    /// Quarters of a round end at or above `max`.
+    fn continuous(max: f64) -> Axis {
+        let end = nice_ceiling(max);
+        Axis {
+            end,
+            ticks: (0..=4).map(|i| end * f64::from(i) / 4.0).collect(),
+            integer: false,
+        }
+    }
+
+    /// Whole-number ticks for counts: a step of 1, 2 or 5 × 10^k giving at most 5 intervals.
+    fn counts(max: f64) -> Axis {
+        let max = if max.is_finite() { max.max(0.0) } else { 0.0 };
+        let mut step = 1.0;
+        'search: loop {
+            for m in [1.0, 2.0, 5.0] {
+                if max / (m * step) <= 5.0 {
+                    step *= m;
+                    break 'search;
+                }
+            }
+            step *= 10.0;
+        }
+        let intervals = (max / step).ceil().max(1.0);
+        Axis {
+            end: intervals * step,
+            ticks: (0..=intervals as u64).map(|i| i as f64 * step).collect(),
+            integer: true,
+        }
+    }
+
+    fn label(&self, v: f64) -> String {
+        if self.integer {
+            format!("{v:.0}")
+        } else {
+            tick(v)
+        }
+    }
+}
+
+pub(super) fn page(run: &RunContext, reports: &[PipelineReport]) -> String {
     let mut out = String::new();
     out.push_str(
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
@@ -29,90 +82,130 @@ pub(super) fn page(reports: &[PipelineReport]) -> String {
          body{font-family:sans-serif;margin:24px;color:#222}\n\
          table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}\n\
          td:first-child,th:first-child{text-align:left}\n\
-         svg{display:block;margin:8px 0 24px}\n\
+         table.run td{text-align:left;font-family:monospace}\n\
+         svg.chart{display:block;width:100%;height:auto;margin:8px 0 4px}\n\
+         p.note{color:#555;margin:2px 0 8px}\n\
          </style>\n</head>\n<body>\n<h1>switchyard simulation report</h1>\n",
     );
+    run_table(&mut out, run);
+    out.push_str("<h2>Summary</h2>\n");
     summary_table(&mut out, reports);
 
-    per_pipeline_chart(
-        &mut out,
-        reports,
-        ("Time to first token", "TTFT CDF"),
-        ("TTFT (ms)", "percentile"),
-        |r| {
-            r.ttft_cdf_ms
-                .iter()
-                .enumerate()
-                .map(|(p, &ms)| (ms, p as f64))
-                .collect()
-        },
-    );
+    let lines = per_pipeline(reports, |r| {
+        r.ttft_cdf_ms
+            .iter()
+            .enumerate()
+            .map(|(p, &ms)| (ms, p as f64))
+            .collect()
+    });
+    if lines.iter().any(|l| !l.points.is_empty()) {
+        out.push_str("<h2>Time to first token</h2>\n");
+        let x = Axis::continuous(max_of(&lines, |p| p.0).max(1.0));
+        line_chart(
+            &mut out,
+            "TTFT CDF",
+            ("TTFT (ms)", "percentile"),
+            (&x, &Axis::continuous(100.0)),
+            &lines,
+        );
+    }
     serving_table(&mut out, reports);
-    per_pipeline_chart(
-        &mut out,
-        reports,
-        (
-            "RL rollout steps",
-            "first arrival to last completion, per step",
-        ),
-        ("step", "duration (s)"),
-        |r| {
-            r.rl_steps
-                .iter()
-                .map(|s| (f64::from(s.step), s.duration_ms / 1000.0))
-                .collect()
-        },
-    );
-    per_pipeline_chart(
-        &mut out,
-        reports,
-        ("Busy share per replica", "time in steps"),
-        ("replica", "busy (%)"),
-        |r| indexed(&r.utilisation.busy, 100.0),
-    );
-    per_pipeline_chart(
-        &mut out,
-        reports,
-        ("KV blocks held per replica", "time-averaged"),
-        ("replica", "KV usage (%)"),
-        |r| indexed(&r.utilisation.kv_usage, 100.0),
-    );
-    per_pipeline_chart(
-        &mut out,
-        reports,
-        ("Sequences in the batch per replica", "time-averaged"),
-        ("replica", "sequences"),
-        |r| indexed(&r.utilisation.batch, 1.0),
-    );
 
-    out.push_str("<h2>Load per replica over time (running + waiting, peak per bucket)</h2>\n");
+    let steps = per_pipeline(reports, |r| {
+        r.rl_steps
+            .iter()
+            .map(|s| (f64::from(s.step), s.duration_ms / 1000.0))
+            .collect()
+    });
+    if steps.iter().any(|l| !l.points.is_empty()) {
+        out.push_str("<h2>RL rollout steps</h2>\n");
+        let y = Axis::continuous(max_of(&steps, |p| p.1));
+        bar_chart(
+            &mut out,
+            "first arrival to last completion, per step",
+            ("step", "duration (s)"),
+            &y,
+            &steps,
+        );
+    }
+    type Values = fn(&PipelineReport) -> Vec<(f64, f64)>;
+    // (heading, title, y label, values, whether the values are counts)
+    let per_replica: [(&str, &str, &str, Values, bool); 3] = [
+        (
+            "Busy share per replica",
+            "time in steps",
+            "busy (%)",
+            |r| indexed(&r.utilisation.busy, 100.0),
+            false,
+        ),
+        (
+            "KV blocks held per replica",
+            "time-averaged",
+            "KV usage (%)",
+            |r| indexed(&r.utilisation.kv_usage, 100.0),
+            false,
+        ),
+        (
+            "Sequences in the batch per replica",
+            "time-averaged",
+            "sequences",
+            |r| indexed(&r.utilisation.batch, 1.0),
+            true,
+        ),
+    ];
+    for (heading, title, y_label, values, counts) in per_replica {
+        let series = per_pipeline(reports, values);
+        if series.iter().all(|l| l.points.is_empty()) {
+            continue;
+        }
+        let _ = writeln!(out, "<h2>{}</h2>", escape(heading));
+        let max = max_of(&series, |p| p.1);
+        let y = if counts {
+            Axis::counts(max)
+        } else {
+            Axis::continuous(max)
+        };
+        bar_chart(&mut out, title, ("replica", y_label), &y, &series);
+    }
+
+    out.push_str(
+        "<h2>Load per replica over time (running + waiting, peak per bucket)</h2>\n\
+         <p class=\"note\">Every router on the same axes.</p>\n",
+    );
+    let x = Axis::continuous(
+        reports
+            .iter()
+            .map(|r| r.makespan_ms)
+            .fold(0.0, f64::max)
+            .max(1.0),
+    );
+    let peak = reports
+        .iter()
+        .flat_map(|r| r.load_series.per_replica.iter().flatten())
+        .copied()
+        .max()
+        .unwrap_or(0);
+    let y = Axis::counts(f64::from(peak));
     for r in reports {
         let series = &r.load_series;
-        let y_max = series
-            .per_replica
-            .iter()
-            .flatten()
-            .copied()
-            .max()
-            .unwrap_or(0);
-        let lines: Vec<Line> = series
+        let mut lines: Vec<Series> = series
             .per_replica
             .iter()
             .enumerate()
-            .map(|(i, buckets)| Line {
+            .map(|(i, buckets)| Series {
                 label: format!("replica {i}"),
                 color: PALETTE[i % PALETTE.len()],
-                points: steps(buckets, series.bucket_ms),
+                points: steps_of(buckets, series.bucket_ms),
+                dash: "",
             })
             .collect();
+        mark_coinciding(&mut lines);
         let title = format!("{}: load over time", r.name);
-        chart(
+        line_chart(
             &mut out,
             &title,
-            "time (ms)",
-            "requests",
-            r.makespan_ms,
-            f64::from(y_max),
+            ("time (ms)", "requests"),
+            (&x, &y),
             &lines,
         );
     }
@@ -120,10 +213,69 @@ pub(super) fn page(reports: &[PipelineReport]) -> String {
     out
 }
 
+/// The run's command line, workload, fleet, seed, configs and version.
+fn run_table(out: &mut String, run: &RunContext) {
+    let mut rows: Vec<(&str, String)> = vec![
+        ("command line", run.command_line.join(" ")),
+        ("switchyard", run.switchyard_version.clone()),
+    ];
+    let workload = match &run.trace {
+        Some(trace) => format!("trace {trace}"),
+        None => run.workload.clone(),
+    };
+    rows.push(("workload", format!("{workload}, {} requests", run.requests)));
+    let parameters = match &run.workload_parameters {
+        serde_json::Value::Object(map) => map
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        other => other.to_string(),
+    };
+    rows.push(("workload parameters", parameters));
+    let groups = run
+        .profiles
+        .iter()
+        .map(|g| format!("{} × {}", g.replicas, g.profile))
+        .collect::<Vec<_>>()
+        .join(" + ");
+    let fleet = match &run.fleet_file {
+        Some(file) => format!("{file}: {} replicas ({groups})", run.replicas),
+        None => format!("{} replicas ({groups})", run.replicas),
+    };
+    rows.push(("fleet", fleet));
+    rows.push((
+        "block size, scrape interval",
+        format!(
+            "{} tokens, {} ms",
+            run.block_size_tokens, run.scrape_interval_ms
+        ),
+    ));
+    rows.push(("seed", run.seed.to_string()));
+    for config in &run.configs {
+        let path = config.path.as_deref().unwrap_or("built in");
+        rows.push((
+            "config",
+            format!("{}: {path} (sha256 {})", config.pipeline, config.sha256),
+        ));
+    }
+    out.push_str("<h2>Run</h2>\n<table class=\"run\">\n");
+    for (key, value) in rows {
+        let _ = writeln!(
+            out,
+            "<tr><th>{}</th><td>{}</td></tr>",
+            escape(key),
+            escape(&value)
+        );
+    }
+    out.push_str("</table>\n");
+}
+
 fn summary_table(out: &mut String, reports: &[PipelineReport]) {
     out.push_str(
-        "<table>\n<tr><th>pipeline</th><th>completed</th><th>rejected</th><th>unrouted</th>\
-         <th>cache hit rate</th><th>prefill tokens</th><th>ideal</th>\
+        "<table>\n<tr><th>pipeline</th><th>completed</th><th>rejected by router</th>\
+         <th>rejected by replica</th><th>unrouted</th>\
+         <th>cache hit rate</th><th>prefill tokens</th><th>ideal (floor)</th>\
          <th>TTFT p50 / p99 / mean (ms)</th><th>E2E p50 / p99 / mean (ms)</th>\
          <th>router wait p50 / p99 (ms)</th><th>peak load max / mean</th>\
          <th>prefills per prompt per step</th></tr>\n",
@@ -131,13 +283,14 @@ fn summary_table(out: &mut String, reports: &[PipelineReport]) {
     for r in reports {
         let _ = writeln!(
             out,
-            "<tr><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td><td>{:.1}%</td><td>{}</td>\
+            "<tr><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}%</td><td>{}</td>\
              <td>{}</td><td>{:.1} / {:.1} / {:.1}</td><td>{:.1} / {:.1} / {:.1}</td>\
              <td>{:.1} / {:.1}</td><td>{} / {:.1}</td><td>{}</td></tr>",
             escape(&r.name),
             r.completed,
             r.requests,
-            r.rejected,
+            r.rejected_by_router,
+            r.rejected_by_replica,
             r.unrouted,
             r.cache_hit_rate * 100.0,
             r.prefill_tokens_computed,
@@ -214,48 +367,87 @@ fn indexed(values: &[f64], scale: f64) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// One chart under a `(heading, title)` with `(x, y)` axis labels and a line per pipeline,
-/// skipped when no pipeline has a point.
-fn per_pipeline_chart(
-    out: &mut String,
+/// A series per pipeline, in report order, identical ones marked.
+fn per_pipeline<'a>(
     reports: &[PipelineReport],
-    (heading, title): (&str, &str),
-    (x_label, y_label): (&str, &str),
     points: impl Fn(&PipelineReport) -> Vec<(f64, f64)>,
-) {
-    let lines: Vec<Line> = reports
+) -> Vec<Series<'a>> {
+    let mut series: Vec<Series> = reports
         .iter()
         .enumerate()
-        .map(|(i, r)| Line {
+        .map(|(i, r)| Series {
             label: r.name.clone(),
             color: PALETTE[i % PALETTE.len()],
             points: points(r),
+            dash: "",
         })
         .collect();
-    if lines.iter().all(|l| l.points.is_empty()) {
+    mark_coinciding(&mut series);
+    series
+}
+
+/// Gives every series equal to an earlier one the next dash pattern of its group.
+fn mark_coinciding(series: &mut [Series]) {
+    for i in 0..series.len() {
+        if series[i].points.is_empty() {
+            continue;
+        }
+        let before = (0..i)
+            .filter(|&j| series[j].points == series[i].points)
+            .count();
+        if before > 0 {
+            series[i].dash = DASHES[(before - 1) % DASHES.len()];
+        }
+    }
+}
+
+/// A note naming each group of series with identical values, if any.
+fn coinciding_note(out: &mut String, series: &[Series], bars: bool) {
+    let mut groups: Vec<Vec<&str>> = Vec::new();
+    let mut seen = vec![false; series.len()];
+    for i in 0..series.len() {
+        if seen[i] || series[i].points.is_empty() {
+            continue;
+        }
+        let group: Vec<usize> = (i..series.len())
+            .filter(|&j| series[j].points == series[i].points)
+            .collect();
+        if group.len() > 1 {
+            for &j in &group {
+                seen[j] = true;
+            }
+            groups.push(group.iter().map(|&j| series[j].label.as_str()).collect());
+        }
+    }
+    if groups.is_empty() {
         return;
     }
-    let max = |f: fn(&(f64, f64)) -> f64| {
-        lines
-            .iter()
-            .flat_map(|l| l.points.iter().map(f))
-            .fold(0.0, f64::max)
+    let text = groups
+        .iter()
+        .map(|g| g.join(" = "))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let how = if bars {
+        "bars of equal height"
+    } else {
+        "each drawn dashed over the one before"
     };
-    let _ = writeln!(out, "<h2>{}</h2>", escape(heading));
-    chart(
+    let _ = writeln!(
         out,
-        title,
-        x_label,
-        y_label,
-        max(|p| p.0).max(1.0),
-        max(|p| p.1),
-        &lines,
+        "<p class=\"note\">Identical values: {} ({how}).</p>",
+        escape(&text)
     );
-    legend(out, &lines);
+}
+
+fn max_of(series: &[Series], f: fn(&(f64, f64)) -> f64) -> f64 {
+    series
+        .iter()
+        .flat_map(|l| l.points.iter().map(f))
+        .fold(0.0, f64::max)
 }
 
 /// Bucket values as a step line: flat across each bucket.
-fn steps(buckets: &[u32], bucket_ms: f64) -> Vec<(f64, f64)> {
+fn steps_of(buckets: &[u32], bucket_ms: f64) -> Vec<(f64, f64)> {
     let mut points = Vec::with_capacity(buckets.len() * 2);
     for (b, &v) in buckets.iter().enumerate() {
         points.push((b as f64 * bucket_ms, f64::from(v)));
@@ -264,38 +456,45 @@ fn steps(buckets: &[u32], bucket_ms: f64) -> Vec<(f64, f64)> {
     points
 }
 
-fn legend(out: &mut String, lines: &[Line]) {
+fn legend(out: &mut String, series: &[Series], bars: bool) {
     out.push_str("<p>");
-    for line in lines {
+    for s in series {
+        let sample = if bars {
+            format!(
+                "<rect x=\"4\" y=\"1\" width=\"20\" height=\"10\" fill=\"{}\"/>",
+                s.color
+            )
+        } else {
+            format!(
+                "<line x1=\"0\" y1=\"6\" x2=\"28\" y2=\"6\" stroke=\"{}\" stroke-width=\"2.5\" \
+                 stroke-dasharray=\"{}\"/>",
+                s.color, s.dash
+            )
+        };
         let _ = write!(
             out,
-            "<span style=\"color:{}\">&#9632;</span> {} &nbsp; ",
-            line.color,
-            escape(&line.label)
+            "<svg width=\"28\" height=\"12\">{sample}</svg> {} &nbsp; ",
+            escape(&s.label)
         );
     }
     out.push_str("</p>\n");
 }
 
-fn chart(
+/// The frame, title, grid, ticks and axis labels of a chart; returns the plot's width and
+/// height.
+fn frame(
     out: &mut String,
     title: &str,
-    x_label: &str,
-    y_label: &str,
-    x_max: f64,
-    y_max: f64,
-    lines: &[Line],
-) {
-    let x_max = nice_ceiling(x_max);
-    let y_max = nice_ceiling(y_max);
+    (x_label, y_label): (&str, &str),
+    x_ticks: &[(f64, String)],
+    y: &Axis,
+) -> (f64, f64) {
     let plot_w = WIDTH - LEFT - RIGHT;
     let plot_h = HEIGHT - TOP - BOTTOM;
-    let sx = |x: f64| LEFT + x / x_max * plot_w;
-    let sy = |y: f64| TOP + plot_h - y / y_max * plot_h;
     let _ = writeln!(
         out,
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{HEIGHT}\" \
-         viewBox=\"0 0 {WIDTH} {HEIGHT}\" font-size=\"11\">"
+        "<svg class=\"chart\" xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" \
+         font-size=\"11\">"
     );
     let _ = writeln!(
         out,
@@ -306,22 +505,26 @@ fn chart(
         out,
         "<rect x=\"{LEFT}\" y=\"{TOP}\" width=\"{plot_w}\" height=\"{plot_h}\" fill=\"none\" stroke=\"#999\"/>"
     );
-    for i in 0..=4 {
-        let f = f64::from(i) / 4.0;
-        let (x, y) = (sx(f * x_max), sy(f * y_max));
+    for &v in &y.ticks {
+        let py = TOP + plot_h - v / y.end * plot_h;
         let _ = writeln!(
             out,
-            "<line x1=\"{x:.1}\" y1=\"{TOP}\" x2=\"{x:.1}\" y2=\"{:.1}\" stroke=\"#eee\"/>\
-             <text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\
-             <line x1=\"{LEFT}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#eee\"/>\
+            "<line x1=\"{LEFT}\" y1=\"{py:.1}\" x2=\"{:.1}\" y2=\"{py:.1}\" stroke=\"#eee\"/>\
              <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
-            TOP + plot_h,
-            TOP + plot_h + 14.0,
-            tick(f * x_max),
             LEFT + plot_w,
             LEFT - 4.0,
-            y + 4.0,
-            tick(f * y_max),
+            py + 4.0,
+            y.label(v),
+        );
+    }
+    for (px, text) in x_ticks {
+        let _ = writeln!(
+            out,
+            "<line x1=\"{px:.1}\" y1=\"{TOP}\" x2=\"{px:.1}\" y2=\"{:.1}\" stroke=\"#eee\"/>\
+             <text x=\"{px:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+            TOP + plot_h,
+            TOP + plot_h + 14.0,
+            escape(text),
         );
     }
     let _ = writeln!(
@@ -335,21 +538,78 @@ fn chart(
         TOP + plot_h / 2.0,
         escape(y_label)
     );
-    for line in lines {
-        if line.points.is_empty() {
+    (plot_w, plot_h)
+}
+
+/// A chart with a line per series over a continuous x axis, its legend and a note on series
+/// that coincide.
+fn line_chart(
+    out: &mut String,
+    title: &str,
+    labels: (&str, &str),
+    (x, y): (&Axis, &Axis),
+    series: &[Series],
+) {
+    let plot_w = WIDTH - LEFT - RIGHT;
+    let sx = |v: f64| LEFT + v / x.end * plot_w;
+    let x_ticks: Vec<(f64, String)> = x.ticks.iter().map(|&v| (sx(v), x.label(v))).collect();
+    let (_, plot_h) = frame(out, title, labels, &x_ticks, y);
+    let sy = |v: f64| TOP + plot_h - v / y.end * plot_h;
+    for s in series {
+        if s.points.is_empty() {
             continue;
         }
         let _ = write!(
             out,
-            "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"",
-            line.color
+            "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" stroke-dasharray=\"{}\" points=\"",
+            s.color, s.dash
         );
-        for &(x, y) in &line.points {
-            let _ = write!(out, "{:.1},{:.1} ", sx(x), sy(y));
+        for &(px, py) in &s.points {
+            let _ = write!(out, "{:.1},{:.1} ", sx(px), sy(py));
         }
-        let _ = writeln!(out, "\"><title>{}</title></polyline>", escape(&line.label));
+        let _ = writeln!(out, "\"><title>{}</title></polyline>", escape(&s.label));
     }
     out.push_str("</svg>\n");
+    legend(out, series, false);
+    coinciding_note(out, series, false);
+}
+
+/// A chart with a group of bars per category (the x values of the points, whole numbers
+/// from 0) and a bar per series in each, its legend and a note on series that coincide.
+fn bar_chart(out: &mut String, title: &str, labels: (&str, &str), y: &Axis, series: &[Series]) {
+    let categories = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0 as usize + 1))
+        .max()
+        .unwrap_or(0)
+        .max(1);
+    let plot_w = WIDTH - LEFT - RIGHT;
+    let slot = plot_w / categories as f64;
+    let x_ticks: Vec<(f64, String)> = (0..categories)
+        .map(|c| (LEFT + (c as f64 + 0.5) * slot, c.to_string()))
+        .collect();
+    let (_, plot_h) = frame(out, title, labels, &x_ticks, y);
+    let bar = slot * 0.8 / series.len().max(1) as f64;
+    for (k, s) in series.iter().enumerate() {
+        for &(c, v) in &s.points {
+            let height = v / y.end * plot_h;
+            let _ = writeln!(
+                out,
+                "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{}\">\
+                 <title>{}: {}</title></rect>",
+                LEFT + c * slot + slot * 0.1 + k as f64 * bar,
+                TOP + plot_h - height,
+                bar,
+                height,
+                s.color,
+                escape(&s.label),
+                tick(v)
+            );
+        }
+    }
+    out.push_str("</svg>\n");
+    legend(out, series, true);
+    coinciding_note(out, series, true);
 }
 
 /// The smallest "round" axis end at or above `v` whose quarters are round too (1 when `v` is
@@ -410,9 +670,46 @@ mod tests {
     }
 
     #[test]
+    fn count_axes_tick_at_whole_numbers() {
+        let ticks = |max: f64| Axis::counts(max).ticks;
+        assert_eq!(ticks(0.0), vec![0.0, 1.0]);
+        assert_eq!(ticks(3.0), vec![0.0, 1.0, 2.0, 3.0]);
+        assert_eq!(ticks(2.5), vec![0.0, 1.0, 2.0, 3.0]);
+        assert_eq!(ticks(7.0), vec![0.0, 2.0, 4.0, 6.0, 8.0]);
+        assert_eq!(ticks(64.0), vec![0.0, 20.0, 40.0, 60.0, 80.0]);
+        assert_eq!(ticks(96.0), vec![0.0, 20.0, 40.0, 60.0, 80.0, 100.0]);
+        for max in [0.3, 1.0, 2.5, 9.0, 13.0, 77.0, 1234.0] {
+            let axis = Axis::counts(max);
+            assert!(axis.end >= max);
+            assert!(axis.ticks.iter().all(|t| t.fract() == 0.0), "{max}");
+            assert!(axis.ticks.len() <= 6, "{max}");
+            assert!(axis.ticks.iter().all(|&t| !axis.label(t).contains('.')));
+        }
+    }
+
+    #[test]
+    fn only_later_copies_of_a_series_are_dashed() {
+        let series = |points: Vec<(f64, f64)>| Series {
+            label: String::new(),
+            color: "#000",
+            points,
+            dash: "",
+        };
+        let mut all = vec![
+            series(vec![(0.0, 1.0)]),
+            series(vec![(0.0, 2.0)]),
+            series(vec![(0.0, 1.0)]),
+            series(vec![(0.0, 1.0)]),
+        ];
+        mark_coinciding(&mut all);
+        let dashes: Vec<&str> = all.iter().map(|s| s.dash).collect();
+        assert_eq!(dashes, ["", "", DASHES[0], DASHES[1]]);
+    }
+
+    #[test]
     fn step_line_is_flat_per_bucket() {
         assert_eq!(
-            steps(&[2, 0], 10.0),
+            steps_of(&[2, 0], 10.0),
             vec![(0.0, 2.0), (10.0, 2.0), (10.0, 0.0), (20.0, 0.0)]
         );
     }

@@ -61,6 +61,33 @@ fn reports() -> Vec<PipelineReport> {
     ]
 }
 
+fn run_context() -> RunContext {
+    RunContext {
+        command_line: ["switchyard", "simulate", "--set", "samples=4"]
+            .map(String::from)
+            .to_vec(),
+        switchyard_version: "9.9.9".into(),
+        workload: "rl-rollout".into(),
+        trace: None,
+        workload_parameters: serde_json::json!({"samples": 4, "prompts": 2}),
+        requests: 6,
+        fleet_file: None,
+        replicas: 2,
+        profiles: vec![ProfileGroup {
+            replicas: 2,
+            profile: "fixed-rate".into(),
+        }],
+        block_size_tokens: 16,
+        scrape_interval_ms: 0.0,
+        seed: 7,
+        configs: vec![ConfigFile {
+            pipeline: "test".into(),
+            path: Some("configs/test.toml".into()),
+            sha256: "ab".repeat(32),
+        }],
+    }
+}
+
 fn keys(v: &serde_json::Value) -> Vec<String> {
     let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
     k.sort();
@@ -77,13 +104,35 @@ fn sorted(names: &[&str]) -> Vec<String> {
 fn report_json_has_the_documented_keys() {
     let dir = std::env::temp_dir().join(format!("switchyard-sim-report-{}", std::process::id()));
     let reports = reports();
-    write_reports(&dir, &reports).unwrap();
+    write_reports(&dir, &run_context(), &reports).unwrap();
     let text = std::fs::read_to_string(dir.join("report.json")).unwrap();
     let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
 
     let json: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let array = json.as_array().unwrap();
+    assert_eq!(keys(&json), sorted(&["run", "pipelines"]));
+    let run = &json["run"];
+    assert_eq!(
+        keys(run),
+        sorted(&[
+            "command_line",
+            "switchyard_version",
+            "workload",
+            "trace",
+            "workload_parameters",
+            "requests",
+            "fleet_file",
+            "replicas",
+            "profiles",
+            "block_size_tokens",
+            "scrape_interval_ms",
+            "seed",
+            "configs",
+        ])
+    );
+    assert_eq!(run["configs"][0]["sha256"], "ab".repeat(32));
+    assert_eq!(run["workload_parameters"]["samples"], 4);
+    let array = json["pipelines"].as_array().unwrap();
     assert_eq!(array.len(), 2);
     let first = &array[0];
     assert_eq!(
@@ -92,7 +141,8 @@ fn report_json_has_the_documented_keys() {
             "name",
             "requests",
             "completed",
-            "rejected",
+            "rejected_by_router",
+            "rejected_by_replica",
             "unrouted",
             "prompt_tokens",
             "prefill_tokens_computed",
@@ -178,7 +228,19 @@ fn report_json_has_the_documented_keys() {
     assert!(html.contains("round-robin: load over time"));
     assert!(html.contains("least-in-flight: load over time"));
     // TTFT CDFs, RL steps, busy, KV usage, batch, and a load chart per pipeline.
-    assert_eq!(html.matches("<svg").count(), 7);
+    assert_eq!(html.matches("<svg class=\"chart\"").count(), 7);
+    // The run: command line, workload, fleet, seed, config and its digest, version.
+    for shown in [
+        "switchyard simulate --set samples=4",
+        "rl-rollout, 6 requests",
+        "samples=4",
+        "2 replicas (2 × fixed-rate)",
+        &format!("configs/test.toml (sha256 {})", "ab".repeat(32)),
+        "9.9.9",
+        "<th>seed</th><td>7</td>",
+    ] {
+        assert!(html.contains(shown), "{shown} missing");
+    }
     assert!(html.contains("Goodput counts completed requests"));
     assert!(!html.contains("<script"));
 }
@@ -270,4 +332,62 @@ fn terminal_table_has_a_row_per_pipeline() {
         served.iter().max().unwrap()
     );
     assert!(lines[1].contains(&range), "{} lacks {range:?}", lines[1]);
+}
+
+#[test]
+fn charts_show_coinciding_series_share_scales_and_draw_replicas_as_bars() {
+    let mut reports = reports();
+    // A copy of round robin's figures under another name, and a pipeline whose load peaks
+    // higher than any other's but is otherwise round robin's too.
+    let mut copy = reports[0].clone();
+    copy.name = "copy".into();
+    let mut busier = reports[0].clone();
+    busier.name = "busier".into();
+    busier.load_series.per_replica[0][0] = 17;
+    reports.extend([copy, busier]);
+    let html = html::page(&run_context(), &reports);
+
+    let cdf = section(&html, "Time to first token");
+    assert!(
+        cdf.contains("Identical values: round-robin = copy = busier"),
+        "{cdf}"
+    );
+    assert!(!cdf.contains("least-in-flight ="), "{cdf}");
+    // The copies are drawn dashed, each differently, over the first.
+    assert!(cdf.contains("stroke-dasharray=\"\" points="));
+    assert!(cdf.contains("stroke-dasharray=\"8 6\" points="));
+    assert!(cdf.contains("stroke-dasharray=\"2 5\" points="));
+
+    // Per-replica figures are bars, one per pipeline and replica, not lines.
+    let busy = section(&html, "Busy share per replica");
+    assert_eq!(busy.matches("<polyline").count(), 0);
+    assert_eq!(busy.matches("</title></rect>").count(), 4 * 2);
+    assert!(busy.contains("Identical values: round-robin = copy = busier"));
+
+    // Every load chart has the same count axis, up to the highest peak of any pipeline, in
+    // whole numbers, and a legend naming each replica.
+    let loads: Vec<&str> = html.split("load over time</text>").skip(1).collect();
+    assert_eq!(loads.len(), 4);
+    for chart in &loads {
+        let chart = &chart[..chart.find("</p>").unwrap()];
+        let ticks = y_ticks(chart);
+        assert_eq!(ticks, ["0", "5", "10", "15", "20"], "{chart}");
+        assert!(chart.contains("replica 0") && chart.contains("replica 1"));
+    }
+}
+
+/// The part of `html` from the heading `title` to the next heading.
+fn section<'a>(html: &'a str, title: &str) -> &'a str {
+    let start = html.find(&format!("<h2>{title}</h2>")).unwrap();
+    let rest = &html[start + 4..];
+    &rest[..rest.find("<h2>").unwrap_or(rest.len())]
+}
+
+/// The y tick labels of one chart, bottom up.
+fn y_ticks(chart: &str) -> Vec<&str> {
+    chart
+        .split("text-anchor=\"end\">")
+        .skip(1)
+        .map(|t| &t[..t.find('<').unwrap()])
+        .collect()
 }

@@ -7,7 +7,7 @@ use crate::sim::config::{check_float, check_range, ParamError};
 use crate::sim::router::{SimRequest, Tokens};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 /// Parameters of the `multi-turn` workload.
@@ -25,7 +25,7 @@ use std::sync::Arc;
 /// a session are one burst when `thinkTimeMs` is 0): it reaches the router up to
 /// `arrivalSpreadMs` after the time above, plus `arrivalJitterMs` of jitter, but never before
 /// the previous turn of its session.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct MultiTurnParams {
     /// Seed of the generator.

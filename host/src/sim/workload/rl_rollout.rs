@@ -9,7 +9,7 @@ use crate::sim::config::{check_float, check_range, ParamError};
 use crate::sim::router::{SimRequest, Tokens};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 /// Parameters of the `rl-rollout` workload.
@@ -24,7 +24,7 @@ use std::sync::Arc;
 /// by prompt (all samples of prompt 0, then of prompt 1, …), or sample by sample when
 /// `interleaved` (one sample of every prompt, then the next round), which is how some trainers
 /// repeat a batch.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct RlRolloutParams {
     /// Seed of the generator.

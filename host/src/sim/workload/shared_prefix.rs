@@ -10,7 +10,7 @@ use crate::sim::router::SimRequest;
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Parameters of the `shared-prefix` workload.
 ///
@@ -20,7 +20,7 @@ use serde::Deserialize;
 /// `requestsPerSecond`, the first at 0 ms. Each request is its own burst for the client
 /// arrival model ([`super::arrivals`]): it reaches the router up to `arrivalSpreadMs` late,
 /// plus `arrivalJitterMs` of jitter.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct SharedPrefixParams {
     /// Seed of the generator.

@@ -12,7 +12,7 @@ use super::number_by_arrival;
 use crate::jsonl;
 use crate::sim::config::ParamError;
 use crate::sim::router::SimRequest;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -52,7 +52,7 @@ impl std::error::Error for TraceError {
 /// are a burst, spread over `arrivalSpreadMs` in file order; each gets `arrivalJitterMs` of
 /// jitter (see [`super::arrivals`]). The trace's own times usually carry the client's spread,
 /// so `arrivalSpreadMs` is 0 by default.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
 pub struct TraceParams {
     /// Seed of the arrival model's draws.
