@@ -49,7 +49,7 @@ pub const MAX_HEAD_BYTES: usize = 400 * 1024;
 /// Open connections allowed when `max_connections` is 0 and the open-file limit is unlimited.
 const CONNECTIONS_WITHOUT_FILE_LIMIT: usize = 10_000;
 /// Descriptors left for listeners, plugin libraries, logs and the fleet's scrapes.
-const RESERVED_FILES: u64 = 64;
+const RESERVED_FILES: libc::rlim_t = 64;
 
 /// The guard's settings for one listener, shared by its connections.
 pub struct Guard {
@@ -152,7 +152,7 @@ pub fn connection_cap(max_connections: usize) -> usize {
     if !known || limit.rlim_cur == libc::RLIM_INFINITY {
         return CONNECTIONS_WITHOUT_FILE_LIMIT;
     }
-    let spare = (limit.rlim_cur as u64).saturating_sub(RESERVED_FILES) / 2;
+    let spare = limit.rlim_cur.saturating_sub(RESERVED_FILES) / 2;
     usize::try_from(spare)
         .unwrap_or(usize::MAX)
         .clamp(1, CONNECTIONS_WITHOUT_FILE_LIMIT)
@@ -335,7 +335,8 @@ impl GuardedIo {
             ),
             _ => (
                 "malformed_request",
-                "the request head is not HTTP/1.x (this port speaks plain HTTP, not TLS)"
+                "the request head could not be read as HTTP/1.x (a malformed request line or \
+                 header, or a TLS handshake on this plain-HTTP port)"
                     .to_string(),
             ),
         };
