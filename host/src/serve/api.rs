@@ -277,29 +277,23 @@ impl Router {
         }
         let idle = Duration::from_millis(self.settings.body_idle_timeout_ms);
         let mut body = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
-        let stall = tokio::time::sleep(idle);
-        tokio::pin!(stall);
         let mut pieces: Vec<Bytes> = Vec::new();
         loop {
-            let frame = tokio::select! {
-                biased;
-                frame = body.frame() => frame,
-                () = &mut stall => {
-                    self.metrics.connection_closed(CloseReason::BodyTimeout);
-                    return Err(ApiError {
-                        close: true,
-                        ..ApiError::new(
-                            StatusCode::REQUEST_TIMEOUT,
-                            "body_timeout",
-                            RequestOutcome::BodyTimeout,
-                            format!(
-                                "the request body paused for longer than \
-                                 body_idle_timeout_ms = {}",
-                                self.settings.body_idle_timeout_ms
-                            ),
-                        )
-                    });
-                }
+            // The timer is only registered when the next piece is not there yet.
+            let Ok(frame) = tokio::time::timeout(idle, body.frame()).await else {
+                self.metrics.connection_closed(CloseReason::BodyTimeout);
+                return Err(ApiError {
+                    close: true,
+                    ..ApiError::new(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "body_timeout",
+                        RequestOutcome::BodyTimeout,
+                        format!(
+                            "the request body paused for longer than body_idle_timeout_ms = {}",
+                            self.settings.body_idle_timeout_ms
+                        ),
+                    )
+                });
             };
             match frame {
                 None => break,
@@ -319,7 +313,6 @@ impl Router {
                     )))
                 }
             }
-            stall.as_mut().reset(tokio::time::Instant::now() + idle);
         }
         Ok(match pieces.len() {
             0 => Bytes::new(),

@@ -463,3 +463,18 @@ impl AsyncWrite for GuardedIo {
         Pin::new(&mut this.stream).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_configured_cap_is_kept_and_a_derived_one_is_bounded() {
+        assert_eq!(connection_cap(4), 4);
+        let derived = connection_cap(0);
+        assert!(
+            (1..=CONNECTIONS_WITHOUT_FILE_LIMIT).contains(&derived),
+            "{derived}"
+        );
+    }
+}
