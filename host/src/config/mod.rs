@@ -149,6 +149,9 @@ impl Default for FleetConfig {
     }
 }
 
+/// Upper bound of `[serve]`'s connection timeouts (one hour).
+const MAX_CONNECTION_TIMEOUT_MS: u64 = 3_600_000;
+
 /// The HTTP router's limits and behaviour.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -177,6 +180,16 @@ pub struct ServeConfig {
     pub decision_header: bool,
     /// Decision records kept for the admin API.
     pub decision_records: usize,
+    /// A request head must be complete this long after the connection opened, or after its
+    /// first byte on a kept-alive connection.
+    pub header_timeout_ms: u64,
+    /// Longest pause between two pieces of a request body while the router reads it.
+    pub body_idle_timeout_ms: u64,
+    /// A kept-alive connection with no request under way is closed after this.
+    pub keepalive_idle_timeout_ms: u64,
+    /// Open connections on the API listener; past it new ones wait in the kernel's backlog.
+    /// 0 derives it from the open-file limit.
+    pub max_connections: usize,
 }
 
 impl Default for ServeConfig {
@@ -193,6 +206,10 @@ impl Default for ServeConfig {
             drain_timeout_ms: 30_000,
             decision_header: false,
             decision_records: 1024,
+            header_timeout_ms: 30_000,
+            body_idle_timeout_ms: 30_000,
+            keepalive_idle_timeout_ms: 75_000,
+            max_connections: 0,
         }
     }
 }
@@ -482,6 +499,28 @@ impl LoadedConfig {
                 ),
             ));
         }
+        for (key, value) in [
+            ("header_timeout_ms", serve.header_timeout_ms),
+            ("body_idle_timeout_ms", serve.body_idle_timeout_ms),
+            ("keepalive_idle_timeout_ms", serve.keepalive_idle_timeout_ms),
+        ] {
+            if !(1..=MAX_CONNECTION_TIMEOUT_MS).contains(&value) {
+                return Err(error(
+                    key,
+                    format!("serve.{key} must be in 1..={MAX_CONNECTION_TIMEOUT_MS} (got {value})"),
+                ));
+            }
+        }
+        if serve.max_connections > 1_000_000 {
+            return Err(error(
+                "max_connections",
+                format!(
+                    "serve.max_connections must be in 0..=1000000, 0 for one derived from the \
+                     open-file limit (got {})",
+                    serve.max_connections
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -680,6 +719,24 @@ mod serve_tests {
             .expect_err("refused")
             .to_string();
         assert!(error.contains("0..=1000000 (got 2000000)"), "{error}");
+        let error = check("[serve]\nheader_timeout_ms = 0\n")
+            .expect_err("refused")
+            .to_string();
+        assert_eq!(
+            error,
+            "live.toml:2: serve.header_timeout_ms must be in 1..=3600000 (got 0)"
+        );
+        let error = check("[serve]\n\nkeepalive_idle_timeout_ms = 3600001\n")
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            error.starts_with("live.toml:3: serve.keepalive_idle_timeout_ms must be in 1..="),
+            "{error}"
+        );
+        let error = check("[serve]\nmax_connections = 2000000\n")
+            .expect_err("refused")
+            .to_string();
+        assert!(error.contains("(got 2000000)"), "{error}");
         let unknown = check("[serve]\nport = 80\n")
             .expect_err("refused")
             .to_string();

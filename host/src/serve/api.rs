@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, HOST};
@@ -14,7 +14,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use switchyard_plugin_api::Outcome;
 use tokio::sync::watch;
 
-use super::metrics::{Metrics, RequestOutcome, Tally};
+use super::metrics::{CloseReason, Metrics, RequestOutcome, Tally};
 use super::response::{json, ApiError, ServeBody};
 use super::upstream::{Client, Ending, RelayedBody};
 use crate::config::ServeConfig;
@@ -41,7 +41,7 @@ pub struct Router {
     pub metrics: Metrics,
     pub settings: ServeConfig,
     pub journal: Option<Journal>,
-    pub ids: RequestIds,
+    pub ids: Arc<RequestIds>,
     /// Becomes `true` at the drain deadline: requests still unanswered get 503.
     pub cut: watch::Receiver<bool>,
 }
@@ -296,7 +296,8 @@ impl Router {
         }
     }
 
-    /// The whole request body, within `max_body_bytes`.
+    /// The whole request body, within `max_body_bytes`, each piece within
+    /// `body_idle_timeout_ms` of the one before.
     async fn read_body(&self, headers: &HeaderMap, body: Incoming) -> Result<Bytes, ApiError> {
         let limit = self.settings.max_body_bytes;
         let too_large = || {
@@ -314,16 +315,56 @@ impl Router {
         if declared.is_some_and(|n| n > limit) {
             return Err(too_large());
         }
-        match Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX))
-            .collect()
-            .await
-        {
-            Ok(collected) => Ok(collected.to_bytes()),
-            Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
-            Err(error) => Err(ApiError::bad_request(format!(
-                "the request body could not be read: {error}"
-            ))),
+        let idle = Duration::from_millis(self.settings.body_idle_timeout_ms);
+        let mut body = Limited::new(body, usize::try_from(limit).unwrap_or(usize::MAX));
+        let mut pieces: Vec<Bytes> = Vec::new();
+        loop {
+            // The timer is only registered when the next piece is not there yet.
+            let Ok(frame) = tokio::time::timeout(idle, body.frame()).await else {
+                self.metrics.connection_closed(CloseReason::BodyTimeout);
+                return Err(ApiError {
+                    close: true,
+                    ..ApiError::new(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "body_timeout",
+                        RequestOutcome::BodyTimeout,
+                        format!(
+                            "the request body paused for longer than body_idle_timeout_ms = {}",
+                            self.settings.body_idle_timeout_ms
+                        ),
+                    )
+                });
+            };
+            match frame {
+                None => break,
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        if !data.is_empty() {
+                            pieces.push(data);
+                        }
+                    }
+                }
+                Some(Err(error)) if error.downcast_ref::<LengthLimitError>().is_some() => {
+                    return Err(too_large())
+                }
+                Some(Err(error)) => {
+                    return Err(ApiError::bad_request(format!(
+                        "the request body could not be read: {error}"
+                    )))
+                }
+            }
         }
+        Ok(match pieces.len() {
+            0 => Bytes::new(),
+            1 => pieces.swap_remove(0),
+            _ => {
+                let mut whole = BytesMut::with_capacity(pieces.iter().map(Bytes::len).sum());
+                for piece in &pieces {
+                    whole.extend_from_slice(piece);
+                }
+                whole.freeze()
+            }
+        })
     }
 
     /// `GET /v1/models`: the union of what the fleet's replicas serve, and how it ended.

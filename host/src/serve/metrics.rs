@@ -32,6 +32,8 @@ pub enum RequestOutcome {
     /// The replica failed before or during its response.
     UpstreamError,
     Timeout,
+    /// The request body paused longer than `body_idle_timeout_ms`.
+    BodyTimeout,
     /// The client went away before its answer ended.
     ClientDisconnected,
     /// Still running at the drain deadline: answered 503, or its stream cut.
@@ -52,9 +54,35 @@ impl RequestOutcome {
             RequestOutcome::Unreachable => "unreachable",
             RequestOutcome::UpstreamError => "upstream_error",
             RequestOutcome::Timeout => "timeout",
+            RequestOutcome::BodyTimeout => "body_timeout",
             RequestOutcome::ClientDisconnected => "client_disconnected",
             RequestOutcome::ShuttingDown => "shutting_down",
             RequestOutcome::MethodNotAllowed => "method_not_allowed",
+        }
+    }
+}
+
+/// Why the router closed a client connection, as counted in
+/// `switchyard_connections_closed_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseReason {
+    HeaderTimeout,
+    BodyTimeout,
+    IdleTimeout,
+}
+
+impl CloseReason {
+    pub const ALL: [CloseReason; 3] = [
+        CloseReason::HeaderTimeout,
+        CloseReason::BodyTimeout,
+        CloseReason::IdleTimeout,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CloseReason::HeaderTimeout => "header_timeout",
+            CloseReason::BodyTimeout => "body_timeout",
+            CloseReason::IdleTimeout => "idle_timeout",
         }
     }
 }
@@ -81,10 +109,21 @@ pub struct Handles {
     completion_tokens: Counter,
     decision_seconds: Histogram,
     window_wait_seconds: Histogram,
+    connections_open: Gauge,
+    connections_closed: Family<Labels, Counter>,
+    connection_cap_reached: Counter,
+    rejected_heads: Family<Labels, Counter>,
 }
 
 impl Default for Handles {
     fn default() -> Self {
+        // Every reason is shown from the start, at 0.
+        let connections_closed = Family::<Labels, Counter>::default();
+        for reason in CloseReason::ALL {
+            connections_closed
+                .get_or_create(&vec![("reason", reason.as_str().to_string())])
+                .inc_by(0);
+        }
         Handles {
             requests: Family::default(),
             upstream_errors: Family::default(),
@@ -93,6 +132,10 @@ impl Default for Handles {
             completion_tokens: Counter::default(),
             decision_seconds: Histogram::new(exponential_buckets(1e-6, 2.0, 20)),
             window_wait_seconds: Histogram::new(exponential_buckets(1e-4, 2.0, 16)),
+            connections_open: Gauge::default(),
+            connections_closed,
+            connection_cap_reached: Counter::default(),
+            rejected_heads: Family::default(),
         }
     }
 }
@@ -140,6 +183,29 @@ impl Metrics {
         }
     }
 
+    /// A client connection on the API listener opened (`1`) or ended (`-1`).
+    pub fn connections_open(&self, change: i64) {
+        self.connections_open.inc_by(change);
+    }
+
+    pub fn connection_closed(&self, reason: CloseReason) {
+        self.connections_closed
+            .get_or_create(&vec![("reason", reason.as_str().to_string())])
+            .inc();
+    }
+
+    /// The API listener reached `max_connections` and stopped accepting.
+    pub fn connection_cap_reached(&self) {
+        self.connection_cap_reached.inc();
+    }
+
+    /// A request head the router could not read, answered with `status`.
+    pub fn head_rejected(&self, status: u16) {
+        self.rejected_heads
+            .get_or_create(&vec![("status", status.to_string())])
+            .inc();
+    }
+
     /// The whole exposition: the request-path metrics plus the scheduler's and the fleet's
     /// state as of now.
     pub fn render(&self, live: &LiveScheduler, fleet: &FleetState) -> String {
@@ -179,6 +245,30 @@ impl Metrics {
             "window_wait_seconds",
             "Time requests waited in a batching window before their decision",
             self.window_wait_seconds.clone(),
+        );
+
+        registry.register(
+            "connections_open",
+            "Client connections open on the API listener",
+            self.connections_open.clone(),
+        );
+        registry.register(
+            "connections_closed",
+            "Client connections the router closed, by reason (header_timeout, body_timeout, \
+             idle_timeout)",
+            self.connections_closed.clone(),
+        );
+        registry.register(
+            "connection_cap_reached",
+            "Times the API listener reached max_connections and left new connections in the \
+             kernel's backlog until one closed",
+            self.connection_cap_reached.clone(),
+        );
+        registry.register(
+            "rejected_heads",
+            "Request heads answered without reaching a route, by status (400 unreadable, 414 \
+             target too long, 431 head too large)",
+            self.rejected_heads.clone(),
         );
 
         let (per_endpoint, total) = live.in_flight();

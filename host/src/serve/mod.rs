@@ -7,6 +7,7 @@
 
 pub(crate) mod admin;
 pub mod api;
+pub mod connection;
 pub mod metrics;
 pub mod response;
 pub mod upstream;
@@ -26,7 +27,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 
 use crate::config::LoadedConfig;
 use crate::fleet::LiveFleet;
@@ -35,6 +36,7 @@ use crate::live::{Limits, LiveScheduler, RealClock};
 use crate::pipeline::{build, load_registry, Fleet, Options, Scheduler};
 use crate::plugins::Registry;
 use api::{RequestIds, Router};
+use connection::{Guard, GuardedIo, Progress, Tracked};
 use response::ServeBody;
 
 /// How long before the drain deadline requests still waiting for their answer get a 503.
@@ -94,14 +96,19 @@ pub async fn run(
     };
     let drain = Duration::from_millis(settings.drain_timeout_ms);
     let (cut, cut_watch) = watch::channel(false);
+    let max_connections = connection::connection_cap(settings.max_connections);
+    let ids = Arc::new(RequestIds::new(id_prefix()));
+    let metrics = metrics::Metrics::default();
+    let api_guard = Guard::new(&settings, Some(metrics.clone()), Some(ids.clone()));
+    let operator_guard = Guard::new(&settings, None, None);
     let router = Arc::new(Router {
         live,
         fleet,
         client: upstream::client(),
-        metrics: metrics::Metrics::default(),
+        metrics,
         settings,
         journal,
-        ids: RequestIds::new(id_prefix()),
+        ids,
         cut: cut_watch,
     });
     let draining = Arc::new(AtomicBool::new(false));
@@ -113,6 +120,7 @@ pub async fn run(
         api = %local(&api_listener),
         metrics = %local(&metrics_listener),
         admin = %admin_listener.as_ref().map_or("off".to_string(), local),
+        max_connections,
         endpoints = router.fleet.current().members.len(),
         "switchyard serve is listening"
     );
@@ -123,6 +131,8 @@ pub async fn run(
             api_listener,
             stopped.clone(),
             drain,
+            api_guard,
+            Some(max_connections),
             move |request| router.clone().handle(request),
         ))
     };
@@ -136,6 +146,7 @@ pub async fn run(
         draining.clone(),
         observers_stopped,
         drain,
+        operator_guard,
     );
 
     let signal = shutdown_signal().await?;
@@ -235,6 +246,7 @@ pub(crate) fn spawn_operator_routes<O: admin::Observed>(
     draining: Arc<AtomicBool>,
     stopped: watch::Receiver<bool>,
     drain: Duration,
+    guard: Arc<Guard>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut tasks = Vec::new();
     {
@@ -243,6 +255,8 @@ pub(crate) fn spawn_operator_routes<O: admin::Observed>(
             listeners.metrics,
             stopped.clone(),
             drain,
+            guard.clone(),
+            None,
             move |request| admin::observe(observed.clone(), draining.clone(), request),
         )));
     }
@@ -251,6 +265,8 @@ pub(crate) fn spawn_operator_routes<O: admin::Observed>(
             listener,
             stopped,
             drain,
+            guard,
+            None,
             move |request| admin::admin(observed.clone(), effective.clone(), request),
         )));
     }
@@ -300,19 +316,44 @@ pub(crate) async fn shutdown_signal() -> Result<&'static str, String> {
     }
 }
 
-/// Serves HTTP/1.1 connections with `handler` until `stop`, then waits up to `drain` for the
-/// connections' requests to finish.
+/// Serves HTTP/1.1 connections with `handler`, each behind `guard`, until `stop`, then waits
+/// up to `drain` for the connections' requests to finish. With a `cap`, at most that many
+/// connections are open; further clients wait in the kernel's backlog until one closes.
 pub(crate) async fn accept<H, F>(
     listener: TcpListener,
     mut stop: watch::Receiver<bool>,
     drain: Duration,
+    guard: Arc<Guard>,
+    cap: Option<usize>,
     handler: H,
 ) where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<ServeBody>> + Send + 'static,
 {
     let graceful = GracefulShutdown::new();
+    let slots = cap.map(|n| Arc::new(Semaphore::new(n)));
+    // Whether the listener is waiting at the cap since it last had a free slot.
+    let mut at_cap = false;
     loop {
+        let slot = match &slots {
+            None => None,
+            Some(slots) => match slots.clone().try_acquire_owned() {
+                Ok(slot) => {
+                    at_cap = false;
+                    Some(slot)
+                }
+                Err(_) => {
+                    if !at_cap {
+                        at_cap = true;
+                        guard.cap_reached(cap.unwrap_or(0));
+                    }
+                    tokio::select! {
+                        slot = slots.clone().acquire_owned() => slot.ok(),
+                        _ = stop.changed() => break,
+                    }
+                }
+            },
+        };
         tokio::select! {
             accepted = listener.accept() => {
                 let stream = match accepted {
@@ -325,16 +366,29 @@ pub(crate) async fn accept<H, F>(
                     }
                 };
                 let _ = stream.set_nodelay(true);
+                let open = guard.open();
+                let progress = Arc::new(Progress::default());
                 let handler = handler.clone();
-                let service = service_fn(move |request| {
-                    let response = handler(request);
-                    async move { Ok::<_, Infallible>(response.await) }
-                });
+                let service = {
+                    let progress = progress.clone();
+                    service_fn(move |request| {
+                        progress.request_started();
+                        let response = handler(request);
+                        let progress = progress.clone();
+                        async move {
+                            Ok::<_, Infallible>(response.await.map(|body| Tracked::new(body, progress)))
+                        }
+                    })
+                };
+                let io = GuardedIo::new(stream, guard.clone(), progress);
                 let connection = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service);
+                    .max_buf_size(connection::MAX_HEAD_BYTES)
+                    .serve_connection(TokioIo::new(io), service);
                 let watched = graceful.watch(connection);
                 tokio::spawn(async move {
                     let _ = watched.await;
+                    drop(open);
+                    drop(slot);
                 });
             }
             _ = stop.changed() => break,

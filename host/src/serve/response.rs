@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
-use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use hyper::header::{HeaderValue, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Response, StatusCode};
 
 use super::metrics::RequestOutcome;
@@ -77,6 +77,8 @@ pub struct ApiError {
     pub retry_after_seconds: Option<u32>,
     /// The replica the error happened at, for the outcome's `endpoint` label.
     pub endpoint: Option<String>,
+    /// Close the connection after this answer.
+    pub close: bool,
 }
 
 impl ApiError {
@@ -100,6 +102,7 @@ impl ApiError {
             dropped_reason: None,
             retry_after_seconds: None,
             endpoint: None,
+            close: false,
         }
     }
 
@@ -171,11 +174,16 @@ impl ApiError {
         }
     }
 
-    pub fn into_response(self) -> Response<ServeBody> {
-        let body = serde_json::json!({
+    /// The JSON body: `{"error": {"message", "type", "code"}}`.
+    pub fn body(&self) -> String {
+        serde_json::json!({
             "error": {"message": self.message, "type": self.kind, "code": self.code}
-        });
-        let mut response = Response::new(ServeBody::bytes(body.to_string()));
+        })
+        .to_string()
+    }
+
+    pub fn into_response(self) -> Response<ServeBody> {
+        let mut response = Response::new(ServeBody::bytes(self.body()));
         *response.status_mut() = self.status;
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -184,6 +192,9 @@ impl ApiError {
         }
         if let Some(seconds) = self.retry_after_seconds {
             headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if self.close {
+            headers.insert(CONNECTION, HeaderValue::from_static("close"));
         }
         response
     }
