@@ -236,6 +236,15 @@ async fn a_head_that_stalls_gets_408_and_a_silent_connection_is_closed() {
         2.0,
         "{page}"
     );
+    // Only the connection that sent part of a head got an answer, counted as a request.
+    assert_eq!(
+        metric_sum(
+            &page,
+            "switchyard_requests_total{outcome=\"header_timeout\",endpoint=\"\"}"
+        ),
+        1.0,
+        "{page}"
+    );
     // A head that arrives in pieces, each well within the timeout, is served.
     let mut steady = TcpStream::connect(router.api()).await.expect("connects");
     let request = completion_request(router.api());
@@ -510,6 +519,14 @@ async fn heads_hyper_refuses_get_json_errors() {
             "{status}\n{page}"
         );
     }
+    assert_eq!(
+        metric_sum(
+            &page,
+            "switchyard_requests_total{outcome=\"bad_request\",endpoint=\"\"}"
+        ),
+        4.0,
+        "every refused head is an answer, counted once\n{page}"
+    );
     assert_router_idle(&router, "after the refused heads").await;
     assert_no_connections_open(&router, "after the refused heads").await;
 }

@@ -296,12 +296,15 @@ impl GuardedIo {
             }
             Waiting::Head => {
                 self.guard.closed(CloseReason::HeaderTimeout);
+                if let Some(metrics) = &self.guard.metrics {
+                    metrics.request(RequestOutcome::HeaderTimeout, "");
+                }
                 let error = ApiError {
                     close: true,
                     ..ApiError::new(
                         StatusCode::REQUEST_TIMEOUT,
                         "header_timeout",
-                        RequestOutcome::Timeout,
+                        RequestOutcome::HeaderTimeout,
                         format!(
                             "the request head was not complete within header_timeout_ms = {}",
                             self.guard.header_timeout.as_millis()
@@ -342,6 +345,7 @@ impl GuardedIo {
         };
         if let Some(metrics) = &self.guard.metrics {
             metrics.head_rejected(status.as_u16());
+            metrics.request(RequestOutcome::BadRequest, "");
         }
         let error = ApiError {
             close: true,

@@ -32,6 +32,8 @@ pub enum RequestOutcome {
     /// The replica failed before or during its response.
     UpstreamError,
     Timeout,
+    /// The request head was not complete within `header_timeout_ms`.
+    HeaderTimeout,
     /// The request body paused longer than `body_idle_timeout_ms`.
     BodyTimeout,
     /// The client went away before its answer ended.
@@ -54,6 +56,7 @@ impl RequestOutcome {
             RequestOutcome::Unreachable => "unreachable",
             RequestOutcome::UpstreamError => "upstream_error",
             RequestOutcome::Timeout => "timeout",
+            RequestOutcome::HeaderTimeout => "header_timeout",
             RequestOutcome::BodyTimeout => "body_timeout",
             RequestOutcome::ClientDisconnected => "client_disconnected",
             RequestOutcome::ShuttingDown => "shutting_down",
