@@ -387,3 +387,143 @@ pub async fn report_completion(stream: &mut Stream, completion_tokens: u64) -> V
         other => panic!("expected a response-body answer, got {other:?}"),
     }
 }
+
+/// One HTTP/2 connection to the ext_proc port, spoken to frame by frame: every stream opened
+/// here shares it, and a stream can carry bytes no gRPC client would send.
+#[derive(Clone)]
+pub struct RawConnection {
+    requests: h2::client::SendRequest<bytes::Bytes>,
+    authority: String,
+}
+
+impl RawConnection {
+    pub async fn connect(addr: SocketAddr) -> RawConnection {
+        let tcp = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("ext_proc port accepts");
+        let (requests, connection) = h2::client::Builder::new()
+            .max_concurrent_reset_streams(4096)
+            .handshake(tcp)
+            .await
+            .expect("HTTP/2 handshake");
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        RawConnection {
+            requests,
+            authority: addr.to_string(),
+        }
+    }
+
+    /// Starts a `Process` call; the picker's response headers are not awaited.
+    pub async fn open(&self) -> Result<RawStream, h2::Error> {
+        let mut requests = self.requests.clone().ready().await?;
+        let request = http::Request::post(format!(
+            "http://{}/envoy.service.ext_proc.v3.ExternalProcessor/Process",
+            self.authority
+        ))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("request");
+        let (response, body) = requests.send_request(request, false)?;
+        Ok(RawStream {
+            response: Some(response),
+            body,
+            inbound: None,
+            received: bytes::BytesMut::new(),
+            trailers: None,
+        })
+    }
+}
+
+/// A `Process` call on a [`RawConnection`].
+pub struct RawStream {
+    response: Option<h2::client::ResponseFuture>,
+    body: h2::SendStream<bytes::Bytes>,
+    inbound: Option<h2::RecvStream>,
+    received: bytes::BytesMut,
+    trailers: Option<http::HeaderMap>,
+}
+
+impl RawStream {
+    /// Sends `payload` as one length-prefixed gRPC message, whatever it holds.
+    pub fn send_frame(&mut self, payload: &[u8]) {
+        let mut frame = Vec::with_capacity(payload.len() + 5);
+        frame.push(0);
+        frame.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        frame.extend_from_slice(payload);
+        self.body
+            .send_data(frame.into(), false)
+            .expect("stream open");
+    }
+
+    pub fn send(&mut self, message: ProcessingRequest) {
+        self.send_frame(&prost::Message::encode_to_vec(&message));
+    }
+
+    pub fn half_close(&mut self) {
+        self.body
+            .send_data(bytes::Bytes::new(), true)
+            .expect("stream open");
+    }
+
+    /// The next message, or `None` once the picker ended the stream (its status is then in
+    /// [`RawStream::status`]).
+    pub async fn next(&mut self) -> Option<ProcessingResponse> {
+        tokio::time::timeout(MESSAGE_WAIT, self.read())
+            .await
+            .expect("the picker answers in time")
+    }
+
+    async fn read(&mut self) -> Option<ProcessingResponse> {
+        if let Some(response) = self.response.take() {
+            let response = response.await.expect("response headers");
+            assert_eq!(response.status(), 200);
+            let (head, inbound) = response.into_parts();
+            if head.headers.contains_key("grpc-status") {
+                self.trailers = Some(head.headers);
+                return None;
+            }
+            self.inbound = Some(inbound);
+        }
+        loop {
+            if self.received.len() >= 5 {
+                let len = u32::from_be_bytes(self.received[1..5].try_into().expect("4 bytes"));
+                if self.received.len() >= 5 + len as usize {
+                    let frame = self.received.split_to(5 + len as usize);
+                    let message =
+                        prost::Message::decode(&frame[5..]).expect("a ProcessingResponse");
+                    return Some(message);
+                }
+            }
+            let inbound = self.inbound.as_mut()?;
+            match inbound.data().await {
+                Some(Ok(chunk)) => {
+                    let _ = inbound.flow_control().release_capacity(chunk.len());
+                    self.received.extend_from_slice(&chunk);
+                }
+                Some(Err(error)) => panic!("the stream broke: {error}"),
+                None => {
+                    self.trailers = inbound.trailers().await.expect("trailers");
+                    self.inbound = None;
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Reads to the end of the stream and returns its grpc-status and grpc-message.
+    pub async fn status(&mut self) -> (i32, String) {
+        while self.next().await.is_some() {}
+        let trailers = self.trailers.take().expect("a status");
+        let text = |name: &str| {
+            trailers
+                .get(name)
+                .map(|v| v.to_str().expect("ASCII").to_string())
+                .unwrap_or_default()
+        };
+        let code = text("grpc-status").parse().expect("a numeric grpc-status");
+        (code, text("grpc-message"))
+    }
+}

@@ -1,19 +1,21 @@
 //! `switchyard ext-proc` as a real process on 127.0.0.1, spoken to over gRPC the way Envoy
 //! and the RL trainers do: pick-only and tracked streams, pre-tokenized bodies, a burst
 //! co-located over ext_proc, abandoned streams, the subset hint, the reference's errors,
-//! gRPC health, TLS on and off, and the reference's launch line.
+//! gRPC health, TLS on and off, the reference's launch line, a burst of reset streams on one
+//! connection, unreadable messages, and the connection cap.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::Metadata;
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response as Answer;
 use envoy_types::pb::envoy::service::ext_proc::v3::ProtocolConfiguration;
 use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{ListValue, Struct, Value};
 use switchyard_tests::extproc::{
-    channel, pick, pick_with, report_completion, request_body, request_headers, start_picker,
-    Picker, Stream,
+    channel, pick, pick_with, report_completion, request_body, request_headers, response_body,
+    response_headers, start_picker, Picker, RawConnection, RawStream, Stream,
 };
 use switchyard_tests::live::{
     binary, burst_pipeline, endpoints_toml, eventually, fast_replicas, json, metric_sum,
@@ -651,4 +653,213 @@ async fn without_response_bodies_the_response_headers_end_the_request() {
     let page = metrics_page(picker.metrics).await;
     assert!(page.contains("outcome=\"completed\""), "{page}");
     drop(stream);
+}
+
+/// Reads a raw stream's answers to a request up to the end of the echoed body; returns the
+/// destination.
+async fn raw_pick(stream: &mut RawStream) -> String {
+    let mut destination = None;
+    loop {
+        let answer = stream
+            .next()
+            .await
+            .expect("the picker answers before ending the stream");
+        match answer.response {
+            Some(Answer::RequestHeaders(headers)) => {
+                let set = headers
+                    .response
+                    .and_then(|c| c.header_mutation)
+                    .map(|m| m.set_headers)
+                    .unwrap_or_default();
+                destination = set
+                    .into_iter()
+                    .filter_map(|o| o.header)
+                    .find(|h| h.key == "x-gateway-destination-endpoint")
+                    .map(|h| String::from_utf8_lossy(&h.raw_value).into_owned());
+            }
+            Some(Answer::RequestBody(body)) => {
+                let text = format!("{body:?}");
+                if text.contains("end_of_stream: true") {
+                    return destination.expect("the destination comes before the echo");
+                }
+            }
+            other => panic!("unexpected answer while picking: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_cancelled_streams_leaves_the_connection_and_a_tracked_stream_alone() {
+    let replicas = replicas(1).await;
+    let dir = temp_dir("extproc-resets");
+    let picker = start_picker(&dir, &windowless(&replicas, ""), &[]).await;
+    let connection = RawConnection::connect(picker.grpc()).await;
+    let body = generate(&[1, 2, 3, 4, 5, 6]);
+
+    let mut tracked = connection.open().await.expect("stream opens");
+    tracked.send(request_headers(GENERATE, &[], false, None));
+    tracked.send(request_body(body.as_bytes(), true));
+    let destination = raw_pick(&mut tracked).await;
+    assert_eq!(destination, replicas[0].addr.to_string());
+
+    // What Envoy does when a thousand clients go away at once: each stream is opened, gets
+    // its first message and is reset, all on the one connection.
+    for _ in 0..1000 {
+        let mut cancelled = connection.open().await.expect("stream opens");
+        cancelled.send(request_headers(GENERATE, &[], false, None));
+        drop(cancelled);
+    }
+
+    tracked.send(response_headers(200));
+    match tracked.next().await.and_then(|m| m.response) {
+        Some(Answer::ResponseHeaders(_)) => {}
+        other => panic!("expected a response-headers answer, got {other:?}"),
+    }
+    tracked.send(response_body(br#"{"usage":{"completion_tokens":3}}"#, true));
+    match tracked.next().await.and_then(|m| m.response) {
+        Some(Answer::ResponseBody(_)) => {}
+        other => panic!("expected a response-body answer, got {other:?}"),
+    }
+    tracked.half_close();
+    assert_eq!(tracked.status().await, (0, String::new()));
+    assert_idle(&picker, "after the tracked stream").await;
+
+    let mut next = connection
+        .open()
+        .await
+        .expect("the connection takes new streams");
+    next.send(request_headers(GENERATE, &[], false, None));
+    next.send(request_body(body.as_bytes(), true));
+    raw_pick(&mut next).await;
+    let page = metrics_page(picker.metrics).await;
+    assert!(
+        page.contains("switchyard_completion_tokens_total 3"),
+        "{page}"
+    );
+}
+
+fn log_lines(picker: &Picker, text: &str) -> usize {
+    picker
+        .log()
+        .lines()
+        .filter(|line| line.contains(text))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_messages_end_their_stream_with_a_status_a_log_line_and_a_count() {
+    let replicas = replicas(1).await;
+    let dir = temp_dir("extproc-unreadable");
+    let picker = start_picker(
+        &dir,
+        &windowless(&replicas, ""),
+        &["--grpc-max-recv-msg-size=1024"],
+    )
+    .await;
+
+    // Bytes that are no ProcessingRequest.
+    let connection = RawConnection::connect(picker.grpc()).await;
+    let mut stream = connection.open().await.expect("stream opens");
+    stream.send(request_headers(GENERATE, &[], false, None));
+    stream.send_frame(&[0xff; 16]);
+    let (code, message) = stream.status().await;
+    assert_eq!(code, tonic::Code::Internal as i32, "{message}");
+
+    // A well-formed message over --grpc-max-recv-msg-size.
+    let grpc = channel(picker.grpc()).await;
+    let mut stream = Stream::open(grpc.clone()).await.expect("stream opens");
+    stream
+        .send(request_headers(GENERATE, &[], false, None))
+        .await;
+    stream.send(request_body(&[b' '; 2000], true)).await;
+    let status = stream.next().await.expect_err("refused");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("1024"), "{status:?}");
+
+    let page = metrics_page(picker.metrics).await;
+    for code in ["internal", "resource_exhausted"] {
+        let line = format!("switchyard_broken_messages_total{{code=\"{code}\"}} 1");
+        assert!(page.contains(&line), "{line}\n{page}");
+    }
+    let logged = eventually(Duration::from_secs(5), || async {
+        log_lines(&picker, "ext_proc message refused") == 2
+    })
+    .await;
+    assert!(logged, "one warning per refused message\n{}", picker.log());
+    assert!(picker
+        .log()
+        .lines()
+        .filter(|l| l.contains("ext_proc message refused"))
+        .all(|l| l.contains("WARN")));
+
+    // Both connections still serve.
+    let mut stream = Stream::open(grpc).await.expect("stream opens");
+    let chosen = pick(&mut stream, GENERATE, &[], &generate(&[1, 2])).await;
+    assert_eq!(chosen.header, replicas[0].addr.to_string());
+    let mut raw = connection.open().await.expect("stream opens");
+    raw.send(request_headers(GENERATE, &[], false, None));
+    raw.send(request_body(generate(&[3, 4]).as_bytes(), true));
+    assert_eq!(raw_pick(&mut raw).await, replicas[0].addr.to_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_beyond_the_cap_waits_until_one_closes() {
+    let replicas = replicas(1).await;
+    let dir = temp_dir("extproc-connection-cap");
+    let picker = start_picker(
+        &dir,
+        &windowless(&replicas, ""),
+        &["--grpc-max-connections=1"],
+    )
+    .await;
+    let replica = replicas[0].addr.to_string();
+    let body = generate(&[5, 6, 7]);
+
+    let first = channel(picker.grpc()).await;
+    let mut stream = Stream::open(first.clone()).await.expect("stream opens");
+    assert_eq!(
+        pick(&mut stream, GENERATE, &[], &body).await.header,
+        replica
+    );
+
+    let addr = picker.grpc();
+    let later = body.clone();
+    let second = tokio::spawn(async move {
+        let grpc = channel(addr).await;
+        let mut stream = Stream::open(grpc).await.expect("stream opens");
+        pick(&mut stream, GENERATE, &[], &later).await.header
+    });
+    let deferred = eventually(Duration::from_secs(10), || async {
+        metric_sum(
+            &metrics_page(picker.metrics).await,
+            "switchyard_grpc_connections_deferred_total",
+        ) == 1.0
+    })
+    .await;
+    let page = metrics_page(picker.metrics).await;
+    assert!(deferred, "the second connection is held\n{page}");
+    assert_eq!(
+        metric_sum(&page, "switchyard_grpc_connections"),
+        1.0,
+        "{page}"
+    );
+    assert!(
+        !second.is_finished(),
+        "not served while the first connection is open"
+    );
+
+    drop(stream);
+    drop(first);
+    let served = tokio::time::timeout(Duration::from_secs(15), second)
+        .await
+        .expect("served once the first connection closed")
+        .expect("the second client ran");
+    assert_eq!(served, replica);
+    let page = metrics_page(picker.metrics).await;
+    assert_eq!(
+        metric_sum(&page, "switchyard_grpc_connections_deferred_total"),
+        1.0,
+        "{page}"
+    );
+    assert!(log_lines(&picker, "--grpc-max-connections = 1") >= 1);
 }

@@ -16,7 +16,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use hyper::StatusCode;
 use switchyard_plugin_api::Outcome;
 use tokio::sync::mpsc;
-use tonic::Status;
+use tonic::{Code, Status};
 
 use super::messages::{self, header};
 use super::usage::UsageScanner;
@@ -85,7 +85,11 @@ pub async fn converse(
         };
         let message = match next {
             Ok(Some(message)) => message,
-            Ok(None) | Err(_) => break,
+            Ok(None) => break,
+            Err(status) => {
+                conversation.unreadable(status).await;
+                break;
+            }
         };
         if std::mem::take(&mut first) {
             match check_protocol(&message) {
@@ -137,6 +141,34 @@ fn check_protocol(message: &ProcessingRequest) -> Result<bool, Status> {
 }
 
 impl Conversation {
+    /// The inbound stream failed. A message that could not be read is answered with the
+    /// status that says why; a broken transport has nobody left to answer.
+    async fn unreadable(&mut self, status: Status) {
+        if std::error::Error::source(&status).is_some() {
+            tracing::debug!("ext_proc stream broke: {status}");
+            return;
+        }
+        let (answer, code) = match status.code() {
+            Code::OutOfRange | Code::ResourceExhausted => (
+                Status::resource_exhausted(status.message()),
+                "resource_exhausted",
+            ),
+            Code::Internal => (status, "internal"),
+            _ => {
+                tracing::debug!("ext_proc stream broke: {status}");
+                return;
+            }
+        };
+        tracing::warn!(
+            code,
+            request_id = self.request_id.as_deref().unwrap_or(""),
+            "ext_proc message refused, stream ended: {}",
+            answer.message()
+        );
+        self.picker.metrics.broken_message(code);
+        let _ = self.out.send(Err(answer)).await;
+    }
+
     async fn handle(&mut self, message: ProcessingRequest) -> Flow {
         let Some(phase) = message.request else {
             return Flow::Continue;

@@ -63,6 +63,33 @@ pub struct ExtProcArgs {
     /// Largest gRPC message sent, in bytes.
     #[arg(long, default_value_t = 4 * 1024 * 1024)]
     pub grpc_max_send_msg_size: usize,
+    /// HTTP/2 ping sent on an ext_proc connection quiet for this long (Go duration; 0
+    /// turns the pings off).
+    #[arg(long, value_parser = go_duration, default_value = "30s")]
+    pub grpc_keepalive_interval: Duration,
+    /// A connection whose ping is not answered within this long is closed.
+    #[arg(long, value_parser = go_duration, default_value = "20s")]
+    pub grpc_keepalive_timeout: Duration,
+    /// Streams one ext_proc connection may have open at once (HTTP/2
+    /// SETTINGS_MAX_CONCURRENT_STREAMS).
+    #[arg(long, default_value_t = 10_000)]
+    pub grpc_max_concurrent_streams: u32,
+    /// Open ext_proc connections; a further one waits, not accepted, until one closes.
+    #[arg(long, default_value_t = 10_000)]
+    pub grpc_max_connections: usize,
+    /// A connection is asked to go away (GOAWAY) after this long, its open streams left to
+    /// finish; 0 keeps connections for as long as the peer does.
+    #[arg(long, value_parser = go_duration, default_value = "0")]
+    pub grpc_max_connection_age: Duration,
+    /// Streams the peer may reset before the picker has taken them up, at any one time on a
+    /// connection; beyond it the connection is closed (GOAWAY ENHANCE_YOUR_CALM), which
+    /// stops rapid-reset floods.
+    #[arg(long, default_value_t = 4096)]
+    pub grpc_max_pending_reset_streams: usize,
+    /// Streams the picker may reset over a connection's life because the peer broke the
+    /// protocol on them; beyond it the connection is closed (GOAWAY ENHANCE_YOUR_CALM).
+    #[arg(long, default_value_t = 4096)]
+    pub grpc_max_error_reset_streams: usize,
     /// Accepted for the reference's launch lines; the endpoints come from the config.
     #[arg(long)]
     pub pool_name: Option<String>,
@@ -119,6 +146,30 @@ impl ExtProcArgs {
                  [fleet] scrape_interval_ms = 0)"
                     .into(),
             );
+        }
+        for (flag, value) in [
+            (
+                "--grpc-max-concurrent-streams",
+                self.grpc_max_concurrent_streams as usize,
+            ),
+            ("--grpc-max-connections", self.grpc_max_connections),
+            (
+                "--grpc-max-pending-reset-streams",
+                self.grpc_max_pending_reset_streams,
+            ),
+            (
+                "--grpc-max-error-reset-streams",
+                self.grpc_max_error_reset_streams,
+            ),
+        ] {
+            if value == 0 {
+                return Err(format!("{flag} must be above 0"));
+            }
+        }
+        if self.grpc_keepalive_interval > Duration::ZERO
+            && self.grpc_keepalive_timeout == Duration::ZERO
+        {
+            return Err("--grpc-keepalive-timeout must be above 0 while pings are on".into());
         }
         Ok(())
     }
@@ -220,6 +271,40 @@ mod tests {
         for bad in ["", "5", "ms", "5 s", "5d", "-1s", "1..2s"] {
             assert!(go_duration(bad).is_err(), "{bad} accepted");
         }
+    }
+
+    #[test]
+    fn connection_limits_must_be_above_zero() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Command {
+            #[command(flatten)]
+            args: ExtProcArgs,
+        }
+        let parse = |extra: &[&str]| {
+            let mut line = vec!["ext-proc"];
+            line.extend_from_slice(extra);
+            Command::try_parse_from(line).expect("parses").args
+        };
+        let defaults = parse(&[]);
+        assert_eq!(defaults.check(), Ok(()));
+        assert_eq!(defaults.grpc_keepalive_interval, Duration::from_secs(30));
+        assert_eq!(defaults.grpc_max_connection_age, Duration::ZERO);
+        for flag in [
+            "--grpc-max-connections=0",
+            "--grpc-max-concurrent-streams=0",
+            "--grpc-max-pending-reset-streams=0",
+            "--grpc-max-error-reset-streams=0",
+            "--grpc-keepalive-timeout=0",
+        ] {
+            let name = flag.split('=').next().unwrap_or(flag);
+            let error = parse(&[flag]).check().expect_err(flag);
+            assert!(error.contains(name), "{flag}: {error}");
+        }
+        assert_eq!(
+            parse(&["--grpc-keepalive-interval=0", "--grpc-keepalive-timeout=0"]).check(),
+            Ok(())
+        );
     }
 
     #[test]

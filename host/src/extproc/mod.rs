@@ -6,6 +6,7 @@
 //! and, when asked, the admin API on loopback. The fleet, the scheduler on the real clock,
 //! the request lifecycle, the metrics and the operator routes are the ones `serve` uses.
 
+mod connections;
 mod conversation;
 pub mod flags;
 pub mod messages;
@@ -189,7 +190,7 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
     let (stop, stopped) = watch::channel(false);
     let (stop_observers, observers_stopped) = watch::channel(false);
     let drain = args.drain_timeout;
-    let mut grpc = Server::builder();
+    let mut grpc = grpc_server(&args);
     if let Some(identity) = identity {
         grpc = grpc
             .tls_config(ServerTlsConfig::new().identity(identity))
@@ -199,7 +200,11 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
         .max_decoding_message_size(args.grpc_max_recv_msg_size)
         .max_encoding_message_size(args.grpc_max_send_msg_size);
     let grpc_task = tokio::spawn(grpc.add_service(service).serve_with_incoming_shutdown(
-        TcpListenerStream::new(grpc_listener),
+        connections::admit(
+            grpc_listener,
+            args.grpc_max_connections,
+            picker.metrics.clone(),
+        ),
         until(stopped.clone()),
     ));
     let health_task = tokio::spawn(
@@ -250,6 +255,23 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
     std::mem::forget(registry);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The ext_proc server's HTTP/2 settings. Envoy keeps few connections open for hours and
+/// multiplexes every request over them, so the limits are per connection and generous; the
+/// keep-alive pings find peers that went away without closing.
+fn grpc_server(args: &ExtProcArgs) -> Server {
+    let nonzero = |d: Duration| (!d.is_zero()).then_some(d);
+    let mut server = Server::builder()
+        .http2_keepalive_interval(nonzero(args.grpc_keepalive_interval))
+        .http2_keepalive_timeout(Some(args.grpc_keepalive_timeout))
+        .max_concurrent_streams(args.grpc_max_concurrent_streams)
+        .http2_max_pending_accept_reset_streams(Some(args.grpc_max_pending_reset_streams))
+        .http2_max_local_error_reset_streams(Some(args.grpc_max_error_reset_streams));
+    if let Some(age) = nonzero(args.grpc_max_connection_age) {
+        server = server.max_connection_age(age);
+    }
+    server
 }
 
 /// The command line wins over the config file for what both can say.

@@ -110,6 +110,9 @@ pub struct Handles {
     retries: Counter,
     served_elsewhere: Counter,
     completion_tokens: Counter,
+    broken_messages: Family<Labels, Counter>,
+    connections: Gauge,
+    connections_deferred: Counter,
     decision_seconds: Histogram,
     window_wait_seconds: Histogram,
     connections_open: Gauge,
@@ -133,6 +136,9 @@ impl Default for Handles {
             retries: Counter::default(),
             served_elsewhere: Counter::default(),
             completion_tokens: Counter::default(),
+            broken_messages: Family::default(),
+            connections: Gauge::default(),
+            connections_deferred: Counter::default(),
             decision_seconds: Histogram::new(exponential_buckets(1e-6, 2.0, 20)),
             window_wait_seconds: Histogram::new(exponential_buckets(1e-4, 2.0, 16)),
             connections_open: Gauge::default(),
@@ -172,6 +178,27 @@ impl Metrics {
     /// Output tokens a completed request reported in its `usage`.
     pub fn completion_tokens(&self, tokens: u64) {
         self.completion_tokens.inc_by(tokens);
+    }
+
+    /// An ext_proc message that could not be read ended its stream with gRPC `code`.
+    pub fn broken_message(&self, code: &'static str) {
+        self.broken_messages
+            .get_or_create(&vec![("code", code.to_string())])
+            .inc();
+    }
+
+    /// An ext_proc connection was accepted.
+    pub fn connection_opened(&self) {
+        self.connections.inc();
+    }
+
+    pub fn connection_closed(&self) {
+        self.connections.dec();
+    }
+
+    /// An ext_proc connection had to wait for another to close before being served.
+    pub fn connection_deferred(&self) {
+        self.connections_deferred.inc();
     }
 
     pub fn retry(&self) {
@@ -238,6 +265,24 @@ impl Metrics {
             "completion_tokens",
             "Output tokens reported in the usage of completed responses (ext-proc)",
             self.completion_tokens.clone(),
+        );
+        registry.register(
+            "broken_messages",
+            "ext_proc streams ended by a message that could not be read, by the gRPC code \
+             sent back: internal (undecodable) or resource_exhausted (over \
+             --grpc-max-recv-msg-size) (ext-proc)",
+            self.broken_messages.clone(),
+        );
+        registry.register(
+            "grpc_connections",
+            "Open ext_proc connections (ext-proc)",
+            self.connections.clone(),
+        );
+        registry.register(
+            "grpc_connections_deferred",
+            "ext_proc connections that waited at --grpc-max-connections for another to close \
+             (ext-proc)",
+            self.connections_deferred.clone(),
         );
         registry.register(
             "decision_duration_seconds",
