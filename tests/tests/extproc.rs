@@ -832,14 +832,14 @@ async fn a_connection_beyond_the_cap_waits_until_one_closes() {
     let deferred = eventually(Duration::from_secs(10), || async {
         metric_sum(
             &metrics_page(picker.metrics).await,
-            "switchyard_grpc_connections_deferred_total",
+            "switchyard_connection_cap_reached_total",
         ) == 1.0
     })
     .await;
     let page = metrics_page(picker.metrics).await;
     assert!(deferred, "the second connection is held\n{page}");
     assert_eq!(
-        metric_sum(&page, "switchyard_grpc_connections"),
+        metric_sum(&page, "switchyard_connections_open"),
         1.0,
         "{page}"
     );
@@ -857,7 +857,7 @@ async fn a_connection_beyond_the_cap_waits_until_one_closes() {
     assert_eq!(served, replica);
     let page = metrics_page(picker.metrics).await;
     assert_eq!(
-        metric_sum(&page, "switchyard_grpc_connections_deferred_total"),
+        metric_sum(&page, "switchyard_connection_cap_reached_total"),
         1.0,
         "{page}"
     );

@@ -24,7 +24,7 @@ pub struct Admitted {
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        self.metrics.connection_closed();
+        self.metrics.connections_open(-1);
     }
 }
 
@@ -46,6 +46,8 @@ async fn accept(
     sender: mpsc::Sender<io::Result<Admitted>>,
 ) {
     let places = Arc::new(Semaphore::new(cap));
+    // Logged once each time the cap is reached, not once per waiting connection.
+    let mut at_cap = false;
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -61,13 +63,19 @@ async fn accept(
             }
         };
         let permit = match places.clone().try_acquire_owned() {
-            Ok(permit) => permit,
+            Ok(permit) => {
+                at_cap = false;
+                permit
+            }
             Err(_) => {
-                metrics.connection_deferred();
-                tracing::warn!(
-                    "ext_proc connection limit reached (--grpc-max-connections = {cap}); a new \
-                     connection waits for one to close"
-                );
+                metrics.connection_cap_reached();
+                if !at_cap {
+                    tracing::warn!(
+                        "ext_proc connection limit reached (--grpc-max-connections = {cap}); new \
+                         connections wait for one to close"
+                    );
+                }
+                at_cap = true;
                 tokio::select! {
                     permit = places.clone().acquire_owned() => match permit {
                         Ok(permit) => permit,
@@ -77,7 +85,7 @@ async fn accept(
                 }
             }
         };
-        metrics.connection_opened();
+        metrics.connections_open(1);
         let admitted = Admitted {
             stream,
             metrics: metrics.clone(),

@@ -111,8 +111,6 @@ pub struct Handles {
     served_elsewhere: Counter,
     completion_tokens: Counter,
     broken_messages: Family<Labels, Counter>,
-    connections: Gauge,
-    connections_deferred: Counter,
     decision_seconds: Histogram,
     window_wait_seconds: Histogram,
     connections_open: Gauge,
@@ -137,8 +135,6 @@ impl Default for Handles {
             served_elsewhere: Counter::default(),
             completion_tokens: Counter::default(),
             broken_messages: Family::default(),
-            connections: Gauge::default(),
-            connections_deferred: Counter::default(),
             decision_seconds: Histogram::new(exponential_buckets(1e-6, 2.0, 20)),
             window_wait_seconds: Histogram::new(exponential_buckets(1e-4, 2.0, 16)),
             connections_open: Gauge::default(),
@@ -185,20 +181,6 @@ impl Metrics {
         self.broken_messages
             .get_or_create(&vec![("code", code.to_string())])
             .inc();
-    }
-
-    /// An ext_proc connection was accepted.
-    pub fn connection_opened(&self) {
-        self.connections.inc();
-    }
-
-    pub fn connection_closed(&self) {
-        self.connections.dec();
-    }
-
-    /// An ext_proc connection had to wait for another to close before being served.
-    pub fn connection_deferred(&self) {
-        self.connections_deferred.inc();
     }
 
     pub fn retry(&self) {
@@ -274,17 +256,6 @@ impl Metrics {
             self.broken_messages.clone(),
         );
         registry.register(
-            "grpc_connections",
-            "Open ext_proc connections (ext-proc)",
-            self.connections.clone(),
-        );
-        registry.register(
-            "grpc_connections_deferred",
-            "ext_proc connections that waited at --grpc-max-connections for another to close \
-             (ext-proc)",
-            self.connections_deferred.clone(),
-        );
-        registry.register(
             "decision_duration_seconds",
             "Time spent in the scheduler per decision, batching windows excluded",
             self.decision_seconds.clone(),
@@ -297,7 +268,7 @@ impl Metrics {
 
         registry.register(
             "connections_open",
-            "Client connections open on the API listener",
+            "Client connections open on the API listener (serve) or the gRPC listener (ext-proc)",
             self.connections_open.clone(),
         );
         registry.register(
@@ -308,8 +279,8 @@ impl Metrics {
         );
         registry.register(
             "connection_cap_reached",
-            "Times the API listener reached max_connections and left new connections in the \
-             kernel's backlog until one closed",
+            "Times the API listener reached max_connections (serve), or connections that waited \
+             at --grpc-max-connections (ext-proc), left in the kernel's backlog until one closed",
             self.connection_cap_reached.clone(),
         );
         registry.register(
