@@ -11,8 +11,10 @@
 # Knobs (environment): DURATION (20s), CONNS (64), THREADS (2), ROUNDS (1: each round runs the
 # three targets once, in the order below), WARMUP (3s), NGINX_WORKERS (1),
 # SGLANG_VENV (a cache directory; created with pip when missing), KEEP_WORK=1 keeps the logs,
-# TARGETS (default "direct switchyard sglang"; "switchyard-minimal" adds switchyard with a
-# pipeline that does no prefix work, bench/router/switchyard-minimal.toml).
+# TARGETS (default "direct switchyard switchyard-no-records sglang"; "switchyard-no-records" is
+# switchyard.toml with decision_records = 0; "switchyard-minimal" adds switchyard with a
+# pipeline that does no prefix work, bench/router/switchyard-minimal.toml; "baseline" runs
+# switchyard.toml on another build, the binary named by BASELINE, to compare two builds in one run).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -26,12 +28,14 @@ ROUNDS=${ROUNDS:-1}
 WARMUP=${WARMUP:-3s}
 NGINX_WORKERS=${NGINX_WORKERS:-1}
 SGLANG_VENV=${SGLANG_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/switchyard-bench/sglang-router-0.3.2}
-TARGETS=${TARGETS:-direct switchyard sglang}
+TARGETS=${TARGETS:-direct switchyard switchyard-no-records sglang}
 
 BACKEND_PORTS="28001 28002 28003 28004 28005 28006 28007 28008"
 SWITCHYARD_PORT=28100   # as in bench/router/switchyard.toml
 SWITCHYARD_METRICS=28101
 MINIMAL_PORT=28110      # as in bench/router/switchyard-minimal.toml
+NO_RECORDS_PORT=28120   # switchyard.toml's ports moved by 20
+BASELINE_PORT=28130     # and by 30
 SGLANG_PORT=28200
 SGLANG_METRICS=28201
 
@@ -49,7 +53,7 @@ if [[ " $TARGETS " == *" sglang "* ]] && [ ! -x "$SGLANG_VENV/bin/python" ]; the
     "$SGLANG_VENV/bin/pip" install --quiet "sglang-router==0.3.2"
 fi
 
-for port in $BACKEND_PORTS $SWITCHYARD_PORT $SWITCHYARD_METRICS $MINIMAL_PORT $SGLANG_PORT $SGLANG_METRICS; do
+for port in $BACKEND_PORTS $SWITCHYARD_PORT $SWITCHYARD_METRICS $MINIMAL_PORT $NO_RECORDS_PORT $BASELINE_PORT $SGLANG_PORT $SGLANG_METRICS; do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
         echo "port $port on 127.0.0.1 is already in use; stop what holds it first" >&2
         exit 1
@@ -88,6 +92,35 @@ if [[ " $TARGETS " == *" switchyard-minimal "* ]]; then
         "http://127.0.0.1:$MINIMAL_PORT/v1/completions"
 fi
 
+no_records_pid=
+if [[ " $TARGETS " == *" switchyard-no-records "* ]]; then
+    sed -e 's/:28100"/:28120"/; s/:28101"/:28121"/; s/:28102"/:28122"/' \
+        -e 's/^\[serve\]$/[serve]\ndecision_records = 0/' \
+        "$here/switchyard.toml" >"$work/switchyard-no-records.toml"
+    RUST_LOG=${RUST_LOG:-warn} target/release/switchyard serve \
+        --config "$work/switchyard-no-records.toml" >"$work/switchyard-no-records.log" 2>&1 &
+    pids+=($!)
+    no_records_pid=$!
+    wait_for 30 -X POST -H 'content-type: application/json' -d "$probe" \
+        "http://127.0.0.1:$NO_RECORDS_PORT/v1/completions"
+fi
+
+baseline_pid=
+if [[ " $TARGETS " == *" baseline "* ]]; then
+    if [ ! -x "${BASELINE:-}" ]; then
+        echo "TARGETS names baseline: set BASELINE to another build's switchyard binary" >&2
+        exit 1
+    fi
+    sed -e 's/:28100"/:28130"/; s/:28101"/:28131"/; s/:28102"/:28132"/' \
+        "$here/switchyard.toml" >"$work/switchyard-baseline.toml"
+    RUST_LOG=${RUST_LOG:-warn} "$BASELINE" serve --config "$work/switchyard-baseline.toml" \
+        --plugin-dir "$(dirname "$BASELINE")" >"$work/baseline.log" 2>&1 &
+    pids+=($!)
+    baseline_pid=$!
+    wait_for 30 -X POST -H 'content-type: application/json' -d "$probe" \
+        "http://127.0.0.1:$BASELINE_PORT/v1/completions"
+fi
+
 # --- sglang-router --------------------------------------------------------------------------
 sglang_pid=
 if [[ " $TARGETS " == *" sglang "* ]]; then
@@ -109,6 +142,8 @@ url_of() {
         direct) echo "http://127.0.0.1:${BACKEND_PORTS%% *}/v1/completions" ;;
         switchyard) echo "http://127.0.0.1:$SWITCHYARD_PORT/v1/completions" ;;
         switchyard-minimal) echo "http://127.0.0.1:$MINIMAL_PORT/v1/completions" ;;
+        switchyard-no-records) echo "http://127.0.0.1:$NO_RECORDS_PORT/v1/completions" ;;
+        baseline) echo "http://127.0.0.1:$BASELINE_PORT/v1/completions" ;;
         sglang) echo "http://127.0.0.1:$SGLANG_PORT/v1/completions" ;;
     esac
 }
@@ -117,6 +152,8 @@ pid_of() {
         direct) echo "$nginx_pid" ;;
         switchyard) echo "$switchyard_pid" ;;
         switchyard-minimal) echo "$minimal_pid" ;;
+        switchyard-no-records) echo "$no_records_pid" ;;
+        baseline) echo "$baseline_pid" ;;
         sglang) echo "$sglang_pid" ;;
     esac
 }
@@ -189,14 +226,14 @@ awk -F'\t' '
     $1 == "direct" { d50[$2] = $4; d99[$2] = $5 }
     { rows[NR] = $0 }
     END {
-        printf "%-18s %5s %9s %9s %9s %10s %10s %7s %7s %9s %6s\n", \
+        printf "%-22s %5s %9s %9s %9s %10s %10s %7s %7s %9s %6s\n", \
             "target", "round", "req/s", "p50 ms", "p99 ms", "+p50 ms", "+p99 ms", \
             "non2xx", "sockerr", "cpu s", "load1"
         for (i = 1; i <= NR; i++) {
             split(rows[i], f, "\t")
             add50 = (f[1] == "direct" || !(f[2] in d50)) ? "-" : sprintf("%.3f", f[4] - d50[f[2]])
             add99 = (f[1] == "direct" || !(f[2] in d99)) ? "-" : sprintf("%.3f", f[5] - d99[f[2]])
-            printf "%-18s %5s %9s %9.3f %9.3f %10s %10s %7s %7s %9s %6s\n", \
+            printf "%-22s %5s %9s %9.3f %9.3f %10s %10s %7s %7s %9s %6s\n", \
                 f[1], f[2], f[3], f[4], f[5], add50, add99, f[6], f[7], f[8], f[9]
         }
     }' "$results"

@@ -11,6 +11,10 @@
 //! hooks and by this module's per-endpoint counters) and released exactly once through its
 //! [`InFlight`] guard, whichever way it ends. Endpoints that refuse connections are left out
 //! of new decisions for [`EJECTION`].
+//!
+//! Decision records are kept in a ring of their own, behind a second lock: the scheduler's
+//! lock covers only the decision's trace, and the handler files its record after the decision
+//! reached it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -22,6 +26,7 @@ use tokio::sync::{oneshot, watch, Notify};
 
 use super::clock::RealClock;
 use crate::fleet::FleetState;
+use crate::pipeline::record::DecisionTrace;
 use crate::pipeline::scheduler::PluginStats;
 use crate::pipeline::{Decision, Fleet, Rejection, Request, Scheduler};
 use crate::replay::ReplayOutput;
@@ -122,7 +127,27 @@ struct Delivery {
     arrival_ms: f64,
     decided_ms: f64,
     cost: Duration,
-    record: Option<Arc<ReplayOutput>>,
+    record: Option<Unfiled>,
+}
+
+/// What a decision record needs beyond the delivery, until the handler files it.
+struct Unfiled {
+    endpoints: Vec<String>,
+    rejection: Option<Rejection>,
+    trace: Option<Arc<DecisionTrace>>,
+}
+
+impl Unfiled {
+    fn into_record(self, request_id: &str, arrival_ms: f64, decided_ms: f64) -> ReplayOutput {
+        ReplayOutput {
+            id: request_id.to_string(),
+            arrival_ms,
+            decided_ms,
+            endpoints: self.endpoints,
+            error: self.rejection.map(|r| r.to_string()),
+            decision: self.trace,
+        }
+    }
 }
 
 struct Inner {
@@ -138,7 +163,6 @@ struct Inner {
     next_suffix: u64,
     in_flight: HashMap<String, u32>,
     total_in_flight: u32,
-    records: VecDeque<Arc<ReplayOutput>>,
     /// Address of every endpoint seen, by id: a request decided for an endpoint that has
     /// left the fleet since its admission still finds it.
     addresses: HashMap<String, String>,
@@ -147,6 +171,8 @@ struct Inner {
 /// The scheduler of a live driver, its clock and its in-flight accounting.
 pub struct LiveScheduler {
     inner: Mutex<Inner>,
+    /// The latest `keep_records` decision records, oldest first.
+    records: Mutex<VecDeque<Arc<ReplayOutput>>>,
     window_due: Arc<Notify>,
     clock: RealClock,
     limits: Limits,
@@ -184,9 +210,9 @@ impl LiveScheduler {
                 next_suffix: 0,
                 in_flight: HashMap::new(),
                 total_in_flight: 0,
-                records: VecDeque::new(),
                 addresses: HashMap::new(),
             }),
+            records: Mutex::new(VecDeque::with_capacity(keep_records)),
             window_due: Arc::new(Notify::new()),
             clock,
             limits,
@@ -304,6 +330,8 @@ impl LiveScheduler {
             cost,
             record,
         } = delivery;
+        let record = record
+            .map(|unfiled| self.file(unfiled.into_record(&request_id, arrival_ms, decided_ms)));
         let result = result.map(|placed| {
             let guard = InFlight {
                 live: self.clone(),
@@ -378,9 +406,24 @@ impl LiveScheduler {
 
     /// The latest decision records, oldest first.
     pub fn records(&self, limit: usize) -> Vec<Arc<ReplayOutput>> {
-        let inner = self.lock();
-        let skip = inner.records.len().saturating_sub(limit);
-        inner.records.iter().skip(skip).cloned().collect()
+        let records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        let skip = records.len().saturating_sub(limit);
+        records.iter().skip(skip).cloned().collect()
+    }
+
+    /// Keeps `record` in the ring; the record it pushes out is freed after the lock.
+    fn file(&self, record: ReplayOutput) -> Arc<ReplayOutput> {
+        let record = Arc::new(record);
+        let evicted = {
+            let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+            let evicted = (records.len() >= self.keep_records)
+                .then(|| records.pop_front())
+                .flatten();
+            records.push_back(record.clone());
+            evicted
+        };
+        drop(evicted);
+        record
     }
 
     /// Requests waiting in a window.
@@ -424,23 +467,11 @@ impl LiveScheduler {
     /// Hands each decision to the request waiting for it, charging placed ones.
     fn deliver(&self, inner: &mut Inner, decisions: Vec<Decision>, cost: Duration) {
         for decision in decisions {
-            let record = (self.keep_records > 0).then(|| {
-                Arc::new(ReplayOutput {
-                    id: decision.request_id.clone(),
-                    arrival_ms: decision.arrival_ms,
-                    decided_ms: decision.decided_ms,
-                    endpoints: decision.endpoints.clone(),
-                    error: decision.result.as_ref().err().map(|e| e.to_string()),
-                    decision: decision.record.clone(),
-                })
-            });
-            if let Some(record) = &record {
-                if inner.records.len() == self.keep_records {
-                    inner.records.pop_front();
-                }
-                inner.records.push_back(record.clone());
-            }
             let now = self.clock.now_ms();
+            let rejection = match &decision.result {
+                Err(rejection) if self.keep_records > 0 => Some(rejection.clone()),
+                _ => None,
+            };
             let mut result = match decision.result {
                 Ok(_) => {
                     let id = decision.endpoints.first().cloned().unwrap_or_default();
@@ -483,9 +514,11 @@ impl LiveScheduler {
             if result.is_err() {
                 inner.live_ids.remove(&decision.request_id);
             }
-            let Some(sender) = inner.waiting.remove(&decision.request_id) else {
-                continue;
-            };
+            let record = (self.keep_records > 0).then(|| Unfiled {
+                endpoints: decision.endpoints,
+                rejection,
+                trace: decision.record,
+            });
             let delivery = Delivery {
                 request_id: decision.request_id,
                 result,
@@ -494,8 +527,19 @@ impl LiveScheduler {
                 cost,
                 record,
             };
-            if let Err(unsent) = sender.send(delivery) {
-                // The client left between admission and decision.
+            let unsent = match inner.waiting.remove(&delivery.request_id) {
+                Some(sender) => sender.send(delivery),
+                None => Err(delivery),
+            };
+            if let Err(unsent) = unsent {
+                // The client left between admission and decision: its record is still kept.
+                if let Some(unfiled) = unsent.record {
+                    self.file(unfiled.into_record(
+                        &unsent.request_id,
+                        unsent.arrival_ms,
+                        unsent.decided_ms,
+                    ));
+                }
                 match unsent.result {
                     Ok(placed) => inner.release(
                         &unsent.request_id,
