@@ -333,8 +333,22 @@ async fn a_stream_abandoned_in_its_window_is_withdrawn() {
     assert!(withdrawn, "the abandoned request left its window");
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_idle(&picker, "after the window sealed").await;
+    let counted = eventually(Duration::from_secs(5), || async {
+        let page = metrics_page(picker.metrics).await;
+        metric_sum(&page, "switchyard_requests_total") == 1.0
+            && metric_sum(
+                &page,
+                "switchyard_requests_total{outcome=\"client_disconnected\",endpoint=\"\"}",
+            ) == 1.0
+    })
+    .await;
+    assert!(
+        counted,
+        "the withdrawn request is counted once, as a client that left\n{}",
+        metrics_page(picker.metrics).await
+    );
     // A stream that breaks mid-response is released too.
-    let mut stream = Stream::open(grpc).await.expect("stream opens");
+    let mut stream = Stream::open(grpc.clone()).await.expect("stream opens");
     let chosen = pick(&mut stream, GENERATE, &[], &generate(&[3; 32])).await;
     assert!(chosen.immediate.is_none());
     stream
@@ -344,6 +358,30 @@ async fn a_stream_abandoned_in_its_window_is_withdrawn() {
     assert_eq!(in_flight(&picker).await, 1.0);
     drop(stream);
     assert_idle(&picker, "after a stream broken mid-response").await;
+    // Headers and part of the body, then the stream goes: one more client that left. The
+    // picker answers nothing before the whole body, so the test gives the messages a second
+    // to arrive before it leaves.
+    let stream = Stream::open(grpc.clone()).await.expect("stream opens");
+    stream
+        .send(request_headers(GENERATE, &[], false, None))
+        .await;
+    stream.send(request_body(b"{\"token_ids\"", false)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    drop(stream);
+    let counted = eventually(Duration::from_secs(5), || async {
+        let page = metrics_page(picker.metrics).await;
+        metric_sum(&page, "switchyard_requests_total") == 3.0
+            && metric_sum(
+                &page,
+                "switchyard_requests_total{outcome=\"client_disconnected\"}",
+            ) == 3.0
+    })
+    .await;
+    assert!(
+        counted,
+        "each stream that left is counted once\n{}",
+        metrics_page(picker.metrics).await
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

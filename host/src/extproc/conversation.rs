@@ -53,6 +53,8 @@ struct Conversation {
     /// request then.
     response_bodies: bool,
     usage: UsageScanner,
+    /// Whether this stream's request was counted in `switchyard_requests_total`.
+    counted: bool,
 }
 
 /// Serves one stream until either side ends it.
@@ -76,6 +78,7 @@ pub async fn converse(
         response_done: false,
         response_bodies: true,
         usage: UsageScanner::default(),
+        counted: false,
     };
     let mut first = true;
     loop {
@@ -166,6 +169,12 @@ impl Conversation {
             answer.message()
         );
         self.picker.metrics.broken_message(code);
+        let outcome = if code == "internal" {
+            RequestOutcome::BadRequest
+        } else {
+            RequestOutcome::BodyTooLarge
+        };
+        self.count(outcome, "");
         let _ = self.out.send(Err(answer)).await;
     }
 
@@ -390,8 +399,15 @@ impl Conversation {
             .then(|| self.picker.ids.generate())
     }
 
+    /// Counts the stream's request once, however many ways its end is seen.
+    fn count(&mut self, outcome: RequestOutcome, endpoint: &str) {
+        if !std::mem::replace(&mut self.counted, true) {
+            self.picker.metrics.request(outcome, endpoint);
+        }
+    }
+
     async fn reject(&mut self, error: ApiError) -> Flow {
-        self.picker.metrics.request(error.outcome, "");
+        self.count(error.outcome, "");
         let _ = self.send(messages::immediate(&error)).await;
         Flow::End
     }
@@ -406,6 +422,11 @@ impl Conversation {
     /// The response ended: release the charge as finished (or failed, for a 5xx).
     fn finish(&mut self) {
         let Some(charge) = self.charge.take() else {
+            // A request sent on without a charge (no body), once its response ended or the
+            // stream did.
+            if !self.destination.is_empty() {
+                self.count(RequestOutcome::Completed, "");
+            }
             return;
         };
         let endpoint = charge.endpoint_id().to_string();
@@ -419,24 +440,29 @@ impl Conversation {
             self.picker.metrics.completion_tokens(tokens);
         }
         charge.finish(outcome);
-        self.picker
-            .metrics
-            .request(RequestOutcome::Completed, &endpoint);
+        self.count(RequestOutcome::Completed, &endpoint);
     }
 
     /// The stream ended. A request picked and then left (the pick-only client) counts as
-    /// finished; one whose response was under way when the stream broke, as cancelled.
+    /// finished; one whose response was under way when the stream broke, or that ended before
+    /// it was placed, as a client that went away.
     fn end(&mut self) {
         if self.response_started && !self.response_done {
             if let Some(charge) = self.charge.take() {
                 let endpoint = charge.endpoint_id().to_string();
                 charge.finish(Outcome::Cancelled);
-                self.picker
-                    .metrics
-                    .request(RequestOutcome::ClientDisconnected, &endpoint);
+                self.count(RequestOutcome::ClientDisconnected, &endpoint);
             }
-            return;
+        } else {
+            self.finish();
         }
-        self.finish();
+        if self.started() {
+            self.count(RequestOutcome::ClientDisconnected, "");
+        }
+    }
+
+    /// Whether the stream carried a request (its headers arrived).
+    fn started(&self) -> bool {
+        !self.path.is_empty() || self.decided
     }
 }
