@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use switchyard_tests::live::{
-    assert_router_idle, eventually, metric_sum, metrics_page, send, start_replica, start_router,
-    temp_dir, Process, Router,
+    assert_router_idle, binary, eventually, free_port, metric_sum, metrics_page, send,
+    start_replica, start_router, temp_dir, wait_healthy, Process, Router,
 };
+use switchyard_tests::plugin_dir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -529,4 +530,61 @@ async fn heads_hyper_refuses_get_json_errors() {
     );
     assert_router_idle(&router, "after the refused heads").await;
     assert_no_connections_open(&router, "after the refused heads").await;
+}
+
+/// The soft and hard `Max open files` of a process, from `/proc/<pid>/limits`.
+fn open_file_limits(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits readable");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("an open-file line");
+    let mut fields = line["Max open files".len()..].split_whitespace();
+    (
+        fields.next().expect("soft").to_string(),
+        fields.next().expect("hard").to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_router_raises_a_low_open_file_limit_to_the_hard_limit() {
+    let replica = start_replica("r0", &[]).await;
+    let dir = temp_dir("open-files");
+    let (api, metrics) = (free_port(), free_port());
+    let config = dir.join("serve.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[endpoints]]\nname = \"r0\"\naddress = \"{}\"\n\n{PIPELINE}\n[serve]\n\
+             listen = \"127.0.0.1:{api}\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\n\
+             admin_listen = \"\"\n",
+            replica.addr
+        ),
+    )
+    .expect("config written");
+    // Started with a soft limit of 1024 (the common default), whatever the test runs with.
+    let child = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -Sn 1024 && exec \"$0\" serve --config \"$1\" --plugin-dir \"$2\"")
+        .arg(binary())
+        .arg(&config)
+        .arg(plugin_dir())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("serve starts");
+    let mut router = Process {
+        child,
+        addr: SocketAddr::from(([127, 0, 0, 1], api)),
+    };
+    wait_healthy(
+        &mut router.child,
+        SocketAddr::from(([127, 0, 0, 1], metrics)),
+        "/health",
+    )
+    .await
+    .expect("serve is healthy");
+    let (soft, hard) = open_file_limits(router.pid());
+    assert_eq!(soft, hard, "soft open-file limit of serve");
 }

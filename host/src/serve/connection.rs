@@ -138,24 +138,52 @@ impl Drop for OpenConnection {
 }
 
 /// `max_connections`, or when it is 0, half the open-file limit left after a reserve (each
-/// client connection may need one to a replica), at least 1.
+/// client connection may need one to a replica), at least 1. The soft open-file limit is
+/// raised to the hard one first, as servers that hold many sockets do: the common soft default
+/// of 1024 would otherwise cap a router at a few hundred clients.
 pub fn connection_cap(max_connections: usize) -> usize {
+    let limit = raise_open_file_limit();
     if max_connections > 0 {
         return max_connections;
     }
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
+    let Some(limit) = limit else {
+        return CONNECTIONS_WITHOUT_FILE_LIMIT;
     };
-    // SAFETY: getrlimit writes into the struct it is given and reads nothing else.
-    let known = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
-    if !known || limit.rlim_cur == libc::RLIM_INFINITY {
+    if limit.rlim_cur == libc::RLIM_INFINITY {
         return CONNECTIONS_WITHOUT_FILE_LIMIT;
     }
     let spare = limit.rlim_cur.saturating_sub(RESERVED_FILES) / 2;
     usize::try_from(spare)
         .unwrap_or(usize::MAX)
         .clamp(1, CONNECTIONS_WITHOUT_FILE_LIMIT)
+}
+
+/// Raises the soft open-file limit to the hard limit; returns the limit in force after.
+pub(crate) fn raise_open_file_limit() -> Option<libc::rlimit> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct it is given and reads nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return None;
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit only reads the struct it is given.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            tracing::debug!(
+                "open-file limit raised from {} to {}",
+                limit.rlim_cur,
+                raised.rlim_cur
+            );
+            limit = raised;
+        }
+    }
+    Some(limit)
 }
 
 const WAITING_FOR_HEAD: u8 = 0;
