@@ -901,3 +901,47 @@ async fn a_connection_beyond_the_cap_waits_until_one_closes() {
     );
     assert!(log_lines(&picker, "--grpc-max-connections = 1") >= 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_without_streams_is_closed_after_the_idle_timeout() {
+    let replicas = replicas(1).await;
+    let dir = temp_dir("extproc-idle-timeout");
+    let picker = start_picker(
+        &dir,
+        &windowless(&replicas, ""),
+        &["--grpc-idle-timeout=1s"],
+    )
+    .await;
+    let open = |expected: f64| {
+        let metrics = picker.metrics;
+        async move {
+            eventually(Duration::from_secs(10), || async {
+                metric_sum(&metrics_page(metrics).await, "switchyard_connections_open") == expected
+            })
+            .await
+        }
+    };
+
+    // One connection holds a stream (picked, its response not yet under way); one has none.
+    let busy = channel(picker.grpc()).await;
+    let mut stream = Stream::open(busy).await.expect("stream opens");
+    let chosen = pick(&mut stream, GENERATE, &[], &generate(&[4, 2])).await;
+    assert_eq!(chosen.header, replicas[0].addr.to_string());
+    let _idle = channel(picker.grpc()).await;
+    assert!(open(2.0).await, "both connections open");
+    assert!(open(1.0).await, "the connection without a stream is closed");
+    // Twice the timeout later the busy connection is still there.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        metric_sum(
+            &metrics_page(picker.metrics).await,
+            "switchyard_connections_open"
+        ),
+        1.0,
+        "a connection with an open stream is not idle"
+    );
+    stream.half_close();
+    drop(stream);
+    assert!(open(0.0).await, "idle once its stream ended, then closed");
+    assert_idle(&picker, "after the idle connections closed").await;
+}

@@ -1,17 +1,21 @@
-//! The ext_proc listener's connection cap: at most N connections are served at once. The
-//! next one is accepted and then held, unserved, until one of them closes; the ones after it
-//! wait in the kernel's backlog.
+//! The ext_proc listener's connections: at most N served at once (the next one is accepted
+//! and then held, unserved, until one of them closes; the ones after it wait in the kernel's
+//! backlog), and a connection with no stream open for the idle timeout closed.
 
+use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::Connected;
 
 use crate::serve::metrics::Metrics;
 
@@ -20,6 +24,55 @@ pub struct Admitted {
     stream: TcpStream,
     metrics: Metrics,
     _permit: OwnedSemaphorePermit,
+    activity: Arc<Activity>,
+    /// Closes the connection once no stream has been open this long; `None`: never.
+    idle: Option<(Duration, Pin<Box<Sleep>>)>,
+}
+
+/// The streams open on one connection, and since when none is.
+#[derive(Debug)]
+pub struct Activity {
+    open: AtomicUsize,
+    idle_since: Mutex<Option<Instant>>,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            open: AtomicUsize::new(0),
+            idle_since: Mutex::new(Some(Instant::now())),
+        }
+    }
+
+    fn idle_since(&self) -> Option<Instant> {
+        *self.idle_since.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks a stream open until the returned guard is dropped.
+    pub fn stream_opened(self: &Arc<Self>) -> OpenStream {
+        if self.open.fetch_add(1, Ordering::AcqRel) == 0 {
+            *self.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+        OpenStream(self.clone())
+    }
+}
+
+/// One open stream of a connection.
+pub struct OpenStream(Arc<Activity>);
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        let mut idle_since = self.0.idle_since.lock().unwrap_or_else(|e| e.into_inner());
+        if self.0.open.fetch_sub(1, Ordering::AcqRel) == 1 {
+            *idle_since = Some(Instant::now());
+        }
+    }
+}
+
+/// What a stream's request knows of its connection.
+#[derive(Debug, Clone)]
+pub struct ConnectionInfo {
+    pub activity: Arc<Activity>,
 }
 
 impl Drop for Admitted {
@@ -28,20 +81,23 @@ impl Drop for Admitted {
     }
 }
 
-/// The connections of `listener`, at most `cap` of them open at once.
+/// The connections of `listener`, at most `cap` of them open at once, each closed after
+/// `idle_timeout` without a stream (zero: never).
 pub fn admit(
     listener: TcpListener,
     cap: usize,
+    idle_timeout: Duration,
     metrics: Metrics,
 ) -> ReceiverStream<io::Result<Admitted>> {
     let (sender, receiver) = mpsc::channel(1);
-    tokio::spawn(accept(listener, cap, metrics, sender));
+    tokio::spawn(accept(listener, cap, idle_timeout, metrics, sender));
     ReceiverStream::new(receiver)
 }
 
 async fn accept(
     listener: TcpListener,
     cap: usize,
+    idle_timeout: Duration,
     metrics: Metrics,
     sender: mpsc::Sender<io::Result<Admitted>>,
 ) {
@@ -90,6 +146,9 @@ async fn accept(
             stream,
             metrics: metrics.clone(),
             _permit: permit,
+            activity: Arc::new(Activity::new()),
+            idle: (idle_timeout > Duration::ZERO)
+                .then(|| (idle_timeout, Box::pin(tokio::time::sleep(idle_timeout)))),
         };
         if sender.send(Ok(admitted)).await.is_err() {
             return;
@@ -98,10 +157,34 @@ async fn accept(
 }
 
 impl Connected for Admitted {
-    type ConnectInfo = TcpConnectInfo;
+    type ConnectInfo = ConnectionInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.stream.connect_info()
+        ConnectionInfo {
+            activity: self.activity.clone(),
+        }
+    }
+}
+
+impl Admitted {
+    /// Whether the connection has had no stream for its idle timeout. Keeps a timer armed
+    /// for the moment that would be true, so the connection's task looks again then.
+    fn idled_out(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some((timeout, timer)) = self.idle.as_mut() else {
+            return false;
+        };
+        let since = self.activity.idle_since();
+        let deadline = since.unwrap_or_else(Instant::now) + *timeout;
+        if since.is_some_and(|since| since.elapsed() >= *timeout) {
+            tracing::debug!("ext_proc connection idle for {timeout:?}: closed");
+            return true;
+        }
+        if timer.deadline() != deadline {
+            timer.as_mut().reset(deadline);
+        }
+        // Registers the wake-up; it cannot be due yet.
+        let _ = timer.as_mut().poll(cx);
+        false
     }
 }
 
@@ -111,6 +194,10 @@ impl AsyncRead for Admitted {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if self.idled_out(cx) {
+            // The end of the stream: the connection closes as if the peer had closed it.
+            return Poll::Ready(Ok(()));
+        }
         Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }

@@ -81,6 +81,10 @@ pub struct ExtProcArgs {
     /// finish; 0 keeps connections for as long as the peer does.
     #[arg(long, value_parser = go_duration, default_value = "0")]
     pub grpc_max_connection_age: Duration,
+    /// A connection with no stream open for this long is closed; 0 never closes one. The
+    /// default outlasts the one-hour idle timeout Envoy gives its own upstream connections.
+    #[arg(long, value_parser = go_duration, default_value = "2h")]
+    pub grpc_idle_timeout: Duration,
     /// Streams the peer may reset before the picker has taken them up, at any one time on a
     /// connection; beyond it the connection is closed (GOAWAY ENHANCE_YOUR_CALM), which
     /// stops rapid-reset floods.
@@ -290,6 +294,7 @@ mod tests {
         assert_eq!(defaults.check(), Ok(()));
         assert_eq!(defaults.grpc_keepalive_interval, Duration::from_secs(30));
         assert_eq!(defaults.grpc_max_connection_age, Duration::ZERO);
+        assert_eq!(defaults.grpc_idle_timeout, Duration::from_secs(7200));
         for flag in [
             "--grpc-max-connections=0",
             "--grpc-max-concurrent-streams=0",

@@ -110,11 +110,16 @@ impl ExternalProcessor for Service {
         request: Request<Streaming<ProcessingRequest>>,
     ) -> Result<Response<Self::ProcessStream>, Status> {
         let (sender, receiver) = mpsc::channel(STREAM_BUFFER);
-        tokio::spawn(conversation::converse(
-            self.0.clone(),
-            request.into_inner(),
-            sender,
-        ));
+        // The connection is not idle while this stream's conversation runs.
+        let open = request
+            .extensions()
+            .get::<connections::ConnectionInfo>()
+            .map(|info| info.activity.stream_opened());
+        let picker = self.0.clone();
+        tokio::spawn(async move {
+            conversation::converse(picker, request.into_inner(), sender).await;
+            drop(open);
+        });
         Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
     }
 }
@@ -205,6 +210,7 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
         connections::admit(
             grpc_listener,
             args.grpc_max_connections,
+            args.grpc_idle_timeout,
             picker.metrics.clone(),
         ),
         until(stopped.clone()),
