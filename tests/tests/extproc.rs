@@ -470,11 +470,26 @@ async fn bad_requests_and_rejections_get_the_reference_errors() {
             "unknown_route",
         ),
     ];
-    for (path, body, status, code) in cases {
+    for (n, (path, body, status, code)) in cases.iter().enumerate() {
         let mut stream = Stream::open(grpc.clone()).await.expect("stream opens");
-        let chosen = pick(&mut stream, path, &[], body).await;
+        // The client's x-request-id comes back; without one, a generated one does.
+        let id = format!("bad-{n}");
+        let extra = [("x-request-id", id.as_str())];
+        let extra: &[(&str, &str)] = if n % 2 == 0 { &extra } else { &[] };
+        let chosen = pick(&mut stream, path, extra, body).await;
         let immediate = chosen.immediate.expect("an immediate response");
         let (got, headers, text) = (immediate.status, immediate.headers, immediate.body);
+        let answered_id = headers
+            .iter()
+            .find(|(name, _)| name == "x-request-id")
+            .map(|(_, value)| value.clone());
+        match extra.first() {
+            Some((_, sent)) => assert_eq!(answered_id.as_deref(), Some(*sent), "{path}"),
+            None => assert!(
+                answered_id.is_some_and(|generated| !generated.is_empty()),
+                "{path}: no x-request-id in {headers:?}"
+            ),
+        }
         assert_eq!(got, *status, "{path} {body}: {text}");
         let error: serde_json::Value = serde_json::from_str(&text).expect("JSON error body");
         assert_eq!(error["error"]["code"], *code, "{text}");

@@ -155,9 +155,18 @@ async fn routes_forward_stream_and_answer_models() {
 
     assert_router_idle(&router, "at the end").await;
     let page = metrics_page(router.metrics).await;
+    // Three placed requests, each counted against its replica, and GET /v1/models.
     assert_eq!(
         metric_sum(&page, "switchyard_requests_total{outcome=\"completed\""),
-        3.0,
+        4.0,
+        "{page}"
+    );
+    assert_eq!(
+        metric_sum(
+            &page,
+            "switchyard_requests_total{outcome=\"completed\",endpoint=\"\"}"
+        ),
+        1.0,
         "{page}"
     );
     assert!(metric_sum(&page, "switchyard_decision_duration_seconds_count") >= 3.0);

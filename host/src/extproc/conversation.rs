@@ -408,7 +408,11 @@ impl Conversation {
 
     async fn reject(&mut self, error: ApiError) -> Flow {
         self.count(error.outcome, "");
-        let _ = self.send(messages::immediate(&error)).await;
+        let request_id = match &self.request_id {
+            Some(id) => id.clone(),
+            None => self.picker.ids.generate(),
+        };
+        let _ = self.send(messages::immediate(&error, &request_id)).await;
         Flow::End
     }
 

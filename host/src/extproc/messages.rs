@@ -229,11 +229,14 @@ pub fn trailers(request_side: bool) -> ProcessingResponse {
 
 /// An error answered by Envoy on the picker's behalf: the same status, headers and
 /// OpenAI-shaped JSON body `serve` sends.
-pub fn immediate(error: &ApiError) -> ProcessingResponse {
+pub fn immediate(error: &ApiError, request_id: &str) -> ProcessingResponse {
     let body = serde_json::json!({
         "error": {"message": error.message, "type": error.kind, "code": error.code}
     });
-    let mut set_headers = vec![set_header("content-type", "application/json")];
+    let mut set_headers = vec![
+        set_header("content-type", "application/json"),
+        set_header(REQUEST_ID, request_id),
+    ];
     if let Some(reason) = error.dropped_reason {
         set_headers.push(set_header(DROPPED_REASON, reason));
     }
