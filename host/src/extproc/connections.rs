@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-use crate::serve::metrics::Metrics;
+use crate::live::metrics::Metrics;
 
 /// A served connection; dropping it frees its place under the cap.
 pub struct Admitted {

@@ -31,12 +31,12 @@ use tonic_health::ServingStatus;
 
 use crate::config::LoadedConfig;
 use crate::fleet::{FleetState, LiveFleet};
+use crate::live::metrics::Metrics;
 use crate::live::LiveScheduler;
 use crate::pipeline::Options;
 use crate::replay::ReplayOutput;
 use crate::serve::admin::Observed;
 use crate::serve::api::RequestIds;
-use crate::serve::metrics::Metrics;
 use crate::serve::{
     bind, id_prefix, local, shutdown_signal, spawn_operator_routes, LiveSetup, OperatorListeners,
 };

@@ -6,6 +6,7 @@ pub mod body;
 pub mod clock;
 pub mod dispatch;
 pub mod journal;
+pub(crate) mod metrics;
 
 pub use clock::RealClock;
 pub use dispatch::{InFlight, Limits, LiveScheduler, Placed, Placement, Subset};

@@ -14,13 +14,13 @@ use hyper::{Method, Request, Response, StatusCode};
 use switchyard_plugin_api::Outcome;
 use tokio::sync::watch;
 
-use super::metrics::{CloseReason, Metrics, RequestOutcome, Tally};
 use super::response::{json, ApiError, ServeBody};
 use super::upstream::{Client, Ending, RelayedBody};
 use crate::config::ServeConfig;
 use crate::fleet::LiveFleet;
 use crate::live::body::{self, Api};
 use crate::live::journal::Journal;
+use crate::live::metrics::{CloseReason, Metrics, RequestOutcome, Tally};
 use crate::live::LiveScheduler;
 use crate::pipeline;
 use crate::replay::ReplayOutput;

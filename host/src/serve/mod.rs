@@ -8,7 +8,6 @@
 pub(crate) mod admin;
 pub mod api;
 pub mod connection;
-pub mod metrics;
 pub mod response;
 pub mod upstream;
 
@@ -32,6 +31,7 @@ use tokio::sync::{watch, Semaphore};
 use crate::config::LoadedConfig;
 use crate::fleet::LiveFleet;
 use crate::live::journal::Journal;
+use crate::live::metrics::Metrics;
 use crate::live::{Limits, LiveScheduler, RealClock};
 use crate::pipeline::{build, load_registry, Fleet, Options, Scheduler};
 use crate::plugins::Registry;
@@ -98,7 +98,7 @@ pub async fn run(
     let (cut, cut_watch) = watch::channel(false);
     let max_connections = connection::connection_cap(settings.max_connections);
     let ids = Arc::new(RequestIds::new(id_prefix()));
-    let metrics = metrics::Metrics::default();
+    let metrics = Metrics::default();
     let api_guard = Guard::new(&settings, Some(metrics.clone()), Some(ids.clone()));
     let operator_guard = Guard::new(&settings, None, None);
     let router = Arc::new(Router {

@@ -10,8 +10,8 @@ use http_body_util::Full;
 use hyper::header::{HeaderValue, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Response, StatusCode};
 
-use super::metrics::RequestOutcome;
 use super::upstream::RelayedBody;
+use crate::live::metrics::RequestOutcome;
 use crate::pipeline::Rejection;
 
 /// Header naming why a request was dropped, with the reference's values.
