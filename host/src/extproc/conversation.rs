@@ -23,9 +23,9 @@ use super::usage::UsageScanner;
 use super::Picker;
 use crate::live::body::{self, Api};
 use crate::live::metrics::RequestOutcome;
+use crate::live::response::ApiError;
 use crate::live::{InFlight, Subset};
 use crate::pipeline;
-use crate::serve::response::ApiError;
 
 type Out = mpsc::Sender<Result<ProcessingResponse, Status>>;
 

@@ -7,6 +7,7 @@ pub mod clock;
 pub mod dispatch;
 pub mod journal;
 pub(crate) mod metrics;
+pub(crate) mod response;
 
 pub use clock::RealClock;
 pub use dispatch::{InFlight, Limits, LiveScheduler, Placed, Placement, Subset};

@@ -10,10 +10,11 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
 
 use super::api::Router;
-use super::response::{self, ApiError, ServeBody};
+use super::response::ServeBody;
 use crate::fleet::FleetState;
 use crate::live::metrics::Metrics;
 use crate::live::metrics::RequestOutcome;
+use crate::live::response::{self, ApiError};
 use crate::live::LiveScheduler;
 
 /// What the operator-facing routes read: the shared state of a live driver.

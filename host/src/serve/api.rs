@@ -14,13 +14,14 @@ use hyper::{Method, Request, Response, StatusCode};
 use switchyard_plugin_api::Outcome;
 use tokio::sync::watch;
 
-use super::response::{json, ApiError, ServeBody};
+use super::response::ServeBody;
 use super::upstream::{Client, Ending, RelayedBody};
 use crate::config::ServeConfig;
 use crate::fleet::LiveFleet;
 use crate::live::body::{self, Api};
 use crate::live::journal::Journal;
 use crate::live::metrics::{CloseReason, Metrics, RequestOutcome, Tally};
+use crate::live::response::{json, ApiError};
 use crate::live::LiveScheduler;
 use crate::pipeline;
 use crate::replay::ReplayOutput;
@@ -121,7 +122,7 @@ impl Router {
             }
             path => {
                 tally.settle(RequestOutcome::BadRequest, "");
-                return ApiError::not_found(path).into_response();
+                return not_found(path).into_response();
             }
         };
         if request.method() != Method::POST {
@@ -448,6 +449,18 @@ fn unreachable(attempts: u32, last: &str, failure: &str) -> ApiError {
         RequestOutcome::Unreachable,
         format!(
             "no replica could be reached after {attempts} attempt(s); last: {last} ({failure})"
+        ),
+    )
+}
+
+fn not_found(path: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "unknown_route",
+        RequestOutcome::BadRequest,
+        format!(
+            "no route {path}; serve answers POST /v1/completions, /v1/chat/completions, \
+             /inference/v1/generate and GET /v1/models"
         ),
     )
 }

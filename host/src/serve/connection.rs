@@ -39,9 +39,9 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
 use super::api::RequestIds;
-use super::response::ApiError;
 use crate::config::ServeConfig;
 use crate::live::metrics::{CloseReason, Metrics, RequestOutcome};
+use crate::live::response::ApiError;
 
 /// Largest request head hyper buffers before answering 431.
 pub const MAX_HEAD_BYTES: usize = 400 * 1024;
