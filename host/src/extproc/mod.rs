@@ -31,14 +31,14 @@ use tonic_health::ServingStatus;
 
 use crate::config::LoadedConfig;
 use crate::fleet::{FleetState, LiveFleet};
+use crate::live::ids::{id_prefix, RequestIds};
 use crate::live::metrics::Metrics;
 use crate::live::LiveScheduler;
 use crate::pipeline::Options;
 use crate::replay::ReplayOutput;
 use crate::serve::admin::Observed;
-use crate::serve::api::RequestIds;
 use crate::serve::{
-    bind, id_prefix, local, shutdown_signal, spawn_operator_routes, LiveSetup, OperatorListeners,
+    bind, local, shutdown_signal, spawn_operator_routes, LiveSetup, OperatorListeners,
 };
 pub use flags::ExtProcArgs;
 

@@ -5,6 +5,7 @@
 pub mod body;
 pub mod clock;
 pub mod dispatch;
+pub(crate) mod ids;
 pub mod journal;
 pub(crate) mod metrics;
 pub(crate) mod response;

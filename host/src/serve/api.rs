@@ -2,7 +2,6 @@
 //! the chosen replica and relay the answer. Connection failures before anything was sent go to
 //! the next candidate, a bounded number of times.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +18,7 @@ use super::upstream::{Client, Ending, RelayedBody};
 use crate::config::ServeConfig;
 use crate::fleet::LiveFleet;
 use crate::live::body::{self, Api};
+use crate::live::ids::{RequestIds, REQUEST_ID};
 use crate::live::journal::Journal;
 use crate::live::metrics::{CloseReason, Metrics, RequestOutcome, Tally};
 use crate::live::response::{json, ApiError};
@@ -26,7 +26,6 @@ use crate::live::LiveScheduler;
 use crate::pipeline;
 use crate::replay::ReplayOutput;
 
-pub const REQUEST_ID: &str = "x-request-id";
 /// The opt-in header carrying the pick and the top scores.
 pub const DECISION_HEADER: &str = "x-switchyard-decision";
 /// Totals shown in the decision header.
@@ -45,26 +44,6 @@ pub struct Router {
     pub ids: Arc<RequestIds>,
     /// Becomes `true` at the drain deadline: requests still unanswered get 503.
     pub cut: watch::Receiver<bool>,
-}
-
-/// Ids for requests that arrive without `x-request-id`.
-pub struct RequestIds {
-    prefix: u64,
-    next: AtomicU64,
-}
-
-impl RequestIds {
-    pub fn new(prefix: u64) -> RequestIds {
-        RequestIds {
-            prefix,
-            next: AtomicU64::new(0),
-        }
-    }
-
-    pub fn generate(&self) -> String {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        format!("{:012x}-{n}", self.prefix & 0xffff_ffff_ffff)
-    }
 }
 
 impl Router {

@@ -30,12 +30,13 @@ use tokio::sync::{watch, Semaphore};
 
 use crate::config::LoadedConfig;
 use crate::fleet::LiveFleet;
+use crate::live::ids::{id_prefix, RequestIds};
 use crate::live::journal::Journal;
 use crate::live::metrics::Metrics;
 use crate::live::{Limits, LiveScheduler, RealClock};
 use crate::pipeline::{build, load_registry, Fleet, Options, Scheduler};
 use crate::plugins::Registry;
-use api::{RequestIds, Router};
+use api::Router;
 use connection::{Guard, GuardedIo, Progress, Tracked};
 use response::ServeBody;
 
@@ -271,14 +272,6 @@ pub(crate) fn spawn_operator_routes<O: admin::Observed>(
         )));
     }
     tasks
-}
-
-/// Distinguishes the ids this process generates from another's.
-pub(crate) fn id_prefix() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    nanos ^ (u64::from(std::process::id()) << 32)
 }
 
 /// `text` as a socket address, with its port replaced by `port` when given.
