@@ -225,7 +225,7 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
         draining.clone(),
         observers_stopped.clone(),
         drain,
-        crate::serve::connection::Guard::new(&settings, None, None),
+        crate::live::connection::Guard::new(&settings, None, None),
     );
 
     let signal = shutdown_signal().await?;

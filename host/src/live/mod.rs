@@ -4,6 +4,7 @@
 
 pub mod body;
 pub mod clock;
+pub(crate) mod connection;
 pub mod dispatch;
 pub(crate) mod ids;
 pub mod journal;

@@ -7,7 +7,6 @@
 
 pub(crate) mod admin;
 pub mod api;
-pub mod connection;
 pub mod response;
 pub mod upstream;
 
@@ -30,6 +29,7 @@ use tokio::sync::{watch, Semaphore};
 
 use crate::config::LoadedConfig;
 use crate::fleet::LiveFleet;
+use crate::live::connection::{self, Guard, GuardedIo, Progress, Tracked};
 use crate::live::ids::{id_prefix, RequestIds};
 use crate::live::journal::Journal;
 use crate::live::metrics::Metrics;
@@ -37,7 +37,6 @@ use crate::live::{Limits, LiveScheduler, RealClock};
 use crate::pipeline::{build, load_registry, Fleet, Options, Scheduler};
 use crate::plugins::Registry;
 use api::Router;
-use connection::{Guard, GuardedIo, Progress, Tracked};
 use response::ServeBody;
 
 /// How long before the drain deadline requests still waiting for their answer get a 503.
