@@ -8,6 +8,7 @@ pub(crate) mod connection;
 pub mod dispatch;
 pub(crate) mod ids;
 pub mod journal;
+pub(crate) mod listen;
 pub(crate) mod metrics;
 pub(crate) mod response;
 

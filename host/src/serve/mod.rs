@@ -10,34 +10,26 @@ pub mod api;
 pub mod response;
 pub mod upstream;
 
-use std::convert::Infallible;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use crate::config::LoadedConfig;
 use crate::fleet::LiveFleet;
-use crate::live::connection::{self, Guard, GuardedIo, Progress, Tracked};
+use crate::live::connection::{self, Guard};
 use crate::live::ids::{id_prefix, RequestIds};
 use crate::live::journal::Journal;
+use crate::live::listen::{accept, address, bind, local};
 use crate::live::metrics::Metrics;
 use crate::live::{Limits, LiveScheduler, RealClock};
 use crate::pipeline::{build, load_registry, Fleet, Options, Scheduler};
 use crate::plugins::Registry;
 use api::Router;
-use response::ServeBody;
 
 /// How long before the drain deadline requests still waiting for their answer get a 503.
 const CUT_AHEAD: Duration = Duration::from_secs(1);
@@ -273,29 +265,6 @@ pub(crate) fn spawn_operator_routes<O: admin::Observed>(
     tasks
 }
 
-/// `text` as a socket address, with its port replaced by `port` when given.
-pub(crate) fn address(key: &str, text: &str, port: Option<u16>) -> Result<SocketAddr, String> {
-    let mut addr: SocketAddr = text
-        .parse()
-        .map_err(|_| format!("{key} = '{text}' is not an address like 0.0.0.0:8080"))?;
-    if let Some(port) = port {
-        addr.set_port(port);
-    }
-    Ok(addr)
-}
-
-pub(crate) async fn bind(what: &str, addr: SocketAddr) -> Result<TcpListener, String> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("cannot listen for the {what} on {addr}: {e}"))
-}
-
-pub(crate) fn local(listener: &TcpListener) -> String {
-    listener
-        .local_addr()
-        .map_or_else(|_| "?".to_string(), |a| a.to_string())
-}
-
 /// Waits for SIGTERM or SIGINT and names it.
 pub(crate) async fn shutdown_signal() -> Result<&'static str, String> {
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -305,92 +274,5 @@ pub(crate) async fn shutdown_signal() -> Result<&'static str, String> {
         result = tokio::signal::ctrl_c() => result
             .map(|()| "SIGINT")
             .map_err(|e| format!("cannot watch SIGINT: {e}")),
-    }
-}
-
-/// Serves HTTP/1.1 connections with `handler`, each behind `guard`, until `stop`, then waits
-/// up to `drain` for the connections' requests to finish. With a `cap`, at most that many
-/// connections are open; further clients wait in the kernel's backlog until one closes.
-pub(crate) async fn accept<H, F>(
-    listener: TcpListener,
-    mut stop: watch::Receiver<bool>,
-    drain: Duration,
-    guard: Arc<Guard>,
-    cap: Option<usize>,
-    handler: H,
-) where
-    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<ServeBody>> + Send + 'static,
-{
-    let graceful = GracefulShutdown::new();
-    let slots = cap.map(|n| Arc::new(Semaphore::new(n)));
-    // Whether the listener is waiting at the cap since it last had a free slot.
-    let mut at_cap = false;
-    loop {
-        let slot = match &slots {
-            None => None,
-            Some(slots) => match slots.clone().try_acquire_owned() {
-                Ok(slot) => {
-                    at_cap = false;
-                    Some(slot)
-                }
-                Err(_) => {
-                    if !at_cap {
-                        at_cap = true;
-                        guard.cap_reached(cap.unwrap_or(0));
-                    }
-                    tokio::select! {
-                        slot = slots.clone().acquire_owned() => slot.ok(),
-                        _ = stop.changed() => break,
-                    }
-                }
-            },
-        };
-        tokio::select! {
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(error) => {
-                        // Out of descriptors and the like: back off rather than spin.
-                        tracing::warn!("accept failed: {error}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let open = guard.open();
-                let progress = Arc::new(Progress::default());
-                let handler = handler.clone();
-                let service = {
-                    let progress = progress.clone();
-                    service_fn(move |request| {
-                        progress.request_started();
-                        let response = handler(request);
-                        let progress = progress.clone();
-                        async move {
-                            Ok::<_, Infallible>(response.await.map(|body| Tracked::new(body, progress)))
-                        }
-                    })
-                };
-                let io = GuardedIo::new(stream, guard.clone(), progress);
-                let connection = http1::Builder::new()
-                    .max_buf_size(connection::MAX_HEAD_BYTES)
-                    .serve_connection(TokioIo::new(io), service);
-                let watched = graceful.watch(connection);
-                tokio::spawn(async move {
-                    let _ = watched.await;
-                    drop(open);
-                    drop(slot);
-                });
-            }
-            _ = stop.changed() => break,
-        }
-    }
-    drop(listener);
-    if tokio::time::timeout(drain, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("drain deadline reached; closing the remaining connections");
     }
 }
