@@ -2,6 +2,7 @@
 //! the scheduler on the real clock, and the lifecycle of a dispatched request (charged at
 //! dispatch, released exactly once).
 
+pub(crate) mod admin;
 pub mod body;
 pub mod clock;
 pub(crate) mod connection;

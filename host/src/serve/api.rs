@@ -16,7 +16,8 @@ use tokio::sync::watch;
 use super::response::ServeBody;
 use super::upstream::{Client, Ending, RelayedBody};
 use crate::config::ServeConfig;
-use crate::fleet::LiveFleet;
+use crate::fleet::{FleetState, LiveFleet};
+use crate::live::admin::Observed;
 use crate::live::body::{self, Api};
 use crate::live::ids::{RequestIds, REQUEST_ID};
 use crate::live::journal::Journal;
@@ -44,6 +45,18 @@ pub struct Router {
     pub ids: Arc<RequestIds>,
     /// Becomes `true` at the drain deadline: requests still unanswered get 503.
     pub cut: watch::Receiver<bool>,
+}
+
+impl Observed for Router {
+    fn live(&self) -> &Arc<LiveScheduler> {
+        &self.live
+    }
+    fn fleet(&self) -> Arc<FleetState> {
+        self.fleet.current()
+    }
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
 }
 
 impl Router {

@@ -5,7 +5,6 @@
 //! SIGTERM or SIGINT the router stops accepting, reports not ready, lets requests in flight
 //! finish within `drain_timeout_ms`, and exits.
 
-pub(crate) mod admin;
 pub mod api;
 pub mod response;
 pub mod upstream;
@@ -16,11 +15,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::config::LoadedConfig;
 use crate::fleet::LiveFleet;
+use crate::live::admin::{spawn_operator_routes, OperatorListeners};
 use crate::live::connection::{self, Guard};
 use crate::live::ids::{id_prefix, RequestIds};
 use crate::live::journal::Journal;
@@ -221,48 +220,6 @@ impl LiveSetup {
             live,
         })
     }
-}
-
-/// The operator-facing listeners of a live driver.
-pub(crate) struct OperatorListeners {
-    pub metrics: TcpListener,
-    pub admin: Option<TcpListener>,
-}
-
-/// Serves `/metrics` `/health` `/ready` and, when it has a listener, the admin API, until
-/// `stopped`.
-pub(crate) fn spawn_operator_routes<O: admin::Observed>(
-    observed: Arc<O>,
-    listeners: OperatorListeners,
-    effective: Arc<String>,
-    draining: Arc<AtomicBool>,
-    stopped: watch::Receiver<bool>,
-    drain: Duration,
-    guard: Arc<Guard>,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    let mut tasks = Vec::new();
-    {
-        let observed = observed.clone();
-        tasks.push(tokio::spawn(accept(
-            listeners.metrics,
-            stopped.clone(),
-            drain,
-            guard.clone(),
-            None,
-            move |request| admin::observe(observed.clone(), draining.clone(), request),
-        )));
-    }
-    if let Some(listener) = listeners.admin {
-        tasks.push(tokio::spawn(accept(
-            listener,
-            stopped,
-            drain,
-            guard,
-            None,
-            move |request| admin::admin(observed.clone(), effective.clone(), request),
-        )));
-    }
-    tasks
 }
 
 /// Waits for SIGTERM or SIGINT and names it.
