@@ -33,12 +33,12 @@ use crate::config::LoadedConfig;
 use crate::fleet::{FleetState, LiveFleet};
 use crate::live::admin::{spawn_operator_routes, Observed, OperatorListeners};
 use crate::live::ids::{id_prefix, RequestIds};
+use crate::live::lifecycle::{shutdown_signal, LiveSetup};
 use crate::live::listen::{bind, local};
 use crate::live::metrics::Metrics;
 use crate::live::LiveScheduler;
 use crate::pipeline::Options;
 use crate::replay::ReplayOutput;
-use crate::serve::{shutdown_signal, LiveSetup};
 pub use flags::ExtProcArgs;
 
 /// The service name Envoy health-checks, and the other names the reference answers.

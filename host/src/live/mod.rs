@@ -9,6 +9,7 @@ pub(crate) mod connection;
 pub mod dispatch;
 pub(crate) mod ids;
 pub mod journal;
+pub(crate) mod lifecycle;
 pub(crate) mod listen;
 pub(crate) mod metrics;
 pub(crate) mod response;
