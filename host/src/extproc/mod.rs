@@ -4,7 +4,8 @@
 //! Listeners: the ext_proc gRPC service (`--grpc-port`, TLS unless `--secure-serving=false`),
 //! `grpc.health.v1` (`--grpc-health-port`), `/metrics` `/health` `/ready` (`--metrics-port`)
 //! and, when asked, the admin API on loopback. The fleet, the scheduler on the real clock,
-//! the request lifecycle, the metrics and the operator routes are the ones `serve` uses.
+//! the request lifecycle, the metrics and the operator routes come from `live`, as `serve`'s
+//! do.
 
 mod connections;
 mod conversation;
