@@ -17,7 +17,7 @@ use tokio::time::{Instant, Sleep};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 
-use crate::serve::metrics::Metrics;
+use crate::live::metrics::Metrics;
 
 /// A served connection; dropping it frees its place under the cap.
 pub struct Admitted {

@@ -22,10 +22,10 @@ use super::messages::{self, header};
 use super::usage::UsageScanner;
 use super::Picker;
 use crate::live::body::{self, Api};
+use crate::live::metrics::RequestOutcome;
+use crate::live::response::ApiError;
 use crate::live::{InFlight, Subset};
 use crate::pipeline;
-use crate::serve::metrics::RequestOutcome;
-use crate::serve::response::ApiError;
 
 type Out = mpsc::Sender<Result<ProcessingResponse, Status>>;
 

@@ -15,8 +15,8 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{Struct, Value};
 
+use crate::live::response::ApiError;
 use crate::live::Subset;
-use crate::serve::response::ApiError;
 
 /// The header and `envoy.lb` metadata key naming where Envoy sends the request.
 pub const DESTINATION: &str = "x-gateway-destination-endpoint";

@@ -4,7 +4,8 @@
 //! Listeners: the ext_proc gRPC service (`--grpc-port`, TLS unless `--secure-serving=false`),
 //! `grpc.health.v1` (`--grpc-health-port`), `/metrics` `/health` `/ready` (`--metrics-port`)
 //! and, when asked, the admin API on loopback. The fleet, the scheduler on the real clock,
-//! the request lifecycle, the metrics and the operator routes are the ones `serve` uses.
+//! the request lifecycle, the metrics and the operator routes come from `live`, as `serve`'s
+//! do.
 
 mod connections;
 mod conversation;
@@ -31,15 +32,14 @@ use tonic_health::ServingStatus;
 
 use crate::config::LoadedConfig;
 use crate::fleet::{FleetState, LiveFleet};
+use crate::live::admin::{spawn_operator_routes, Observed, OperatorListeners};
+use crate::live::ids::{id_prefix, RequestIds};
+use crate::live::lifecycle::{shutdown_signal, LiveSetup};
+use crate::live::listen::{bind, local};
+use crate::live::metrics::Metrics;
 use crate::live::LiveScheduler;
 use crate::pipeline::Options;
 use crate::replay::ReplayOutput;
-use crate::serve::admin::Observed;
-use crate::serve::api::RequestIds;
-use crate::serve::metrics::Metrics;
-use crate::serve::{
-    bind, id_prefix, local, shutdown_signal, spawn_operator_routes, LiveSetup, OperatorListeners,
-};
 pub use flags::ExtProcArgs;
 
 /// The service name Envoy health-checks, and the other names the reference answers.
@@ -233,7 +233,7 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
         draining.clone(),
         observers_stopped.clone(),
         drain,
-        crate::serve::connection::Guard::new(&settings, None, None),
+        crate::live::connection::Guard::new(&settings, None, None),
     );
 
     let signal = shutdown_signal().await?;

@@ -2,7 +2,6 @@
 //! the chosen replica and relay the answer. Connection failures before anything was sent go to
 //! the next candidate, a bounded number of times.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,18 +13,20 @@ use hyper::{Method, Request, Response, StatusCode};
 use switchyard_plugin_api::Outcome;
 use tokio::sync::watch;
 
-use super::metrics::{CloseReason, Metrics, RequestOutcome, Tally};
-use super::response::{json, ApiError, ServeBody};
+use super::response::ServeBody;
 use super::upstream::{Client, Ending, RelayedBody};
 use crate::config::ServeConfig;
-use crate::fleet::LiveFleet;
+use crate::fleet::{FleetState, LiveFleet};
+use crate::live::admin::Observed;
 use crate::live::body::{self, Api};
+use crate::live::ids::{RequestIds, REQUEST_ID};
 use crate::live::journal::Journal;
+use crate::live::metrics::{CloseReason, Metrics, RequestOutcome, Tally};
+use crate::live::response::{json, ApiError};
 use crate::live::LiveScheduler;
 use crate::pipeline;
 use crate::replay::ReplayOutput;
 
-pub const REQUEST_ID: &str = "x-request-id";
 /// The opt-in header carrying the pick and the top scores.
 pub const DECISION_HEADER: &str = "x-switchyard-decision";
 /// Totals shown in the decision header.
@@ -46,23 +47,15 @@ pub struct Router {
     pub cut: watch::Receiver<bool>,
 }
 
-/// Ids for requests that arrive without `x-request-id`.
-pub struct RequestIds {
-    prefix: u64,
-    next: AtomicU64,
-}
-
-impl RequestIds {
-    pub fn new(prefix: u64) -> RequestIds {
-        RequestIds {
-            prefix,
-            next: AtomicU64::new(0),
-        }
+impl Observed for Router {
+    fn live(&self) -> &Arc<LiveScheduler> {
+        &self.live
     }
-
-    pub fn generate(&self) -> String {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        format!("{:012x}-{n}", self.prefix & 0xffff_ffff_ffff)
+    fn fleet(&self) -> Arc<FleetState> {
+        self.fleet.current()
+    }
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 }
 
@@ -121,7 +114,7 @@ impl Router {
             }
             path => {
                 tally.settle(RequestOutcome::BadRequest, "");
-                return ApiError::not_found(path).into_response();
+                return not_found(path).into_response();
             }
         };
         if request.method() != Method::POST {
@@ -448,6 +441,18 @@ fn unreachable(attempts: u32, last: &str, failure: &str) -> ApiError {
         RequestOutcome::Unreachable,
         format!(
             "no replica could be reached after {attempts} attempt(s); last: {last} ({failure})"
+        ),
+    )
+}
+
+fn not_found(path: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "unknown_route",
+        RequestOutcome::BadRequest,
+        format!(
+            "no route {path}; serve answers POST /v1/completions, /v1/chat/completions, \
+             /inference/v1/generate and GET /v1/models"
         ),
     )
 }

@@ -5,39 +5,28 @@
 //! SIGTERM or SIGINT the router stops accepting, reports not ready, lets requests in flight
 //! finish within `drain_timeout_ms`, and exits.
 
-pub(crate) mod admin;
 pub mod api;
-pub mod connection;
-pub mod metrics;
 pub mod response;
 pub mod upstream;
 
-use std::convert::Infallible;
-use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use crate::config::LoadedConfig;
-use crate::fleet::LiveFleet;
+use crate::live::admin::{spawn_operator_routes, OperatorListeners};
+use crate::live::connection::{self, Guard};
+use crate::live::ids::{id_prefix, RequestIds};
 use crate::live::journal::Journal;
-use crate::live::{Limits, LiveScheduler, RealClock};
-use crate::pipeline::{build, load_registry, Fleet, Options, Scheduler};
-use crate::plugins::Registry;
-use api::{RequestIds, Router};
-use connection::{Guard, GuardedIo, Progress, Tracked};
-use response::ServeBody;
+use crate::live::lifecycle::{shutdown_signal, LiveSetup};
+use crate::live::listen::{accept, address, bind, local};
+use crate::live::metrics::Metrics;
+use crate::pipeline::Options;
+use api::Router;
 
 /// How long before the drain deadline requests still waiting for their answer get a 503.
 const CUT_AHEAD: Duration = Duration::from_secs(1);
@@ -98,7 +87,7 @@ pub async fn run(
     let (cut, cut_watch) = watch::channel(false);
     let max_connections = connection::connection_cap(settings.max_connections);
     let ids = Arc::new(RequestIds::new(id_prefix()));
-    let metrics = metrics::Metrics::default();
+    let metrics = Metrics::default();
     let api_guard = Guard::new(&settings, Some(metrics.clone()), Some(ids.clone()));
     let operator_guard = Guard::new(&settings, None, None);
     let router = Arc::new(Router {
@@ -181,224 +170,4 @@ pub async fn run(
     std::mem::forget(registry);
     tracing::info!("stopped");
     Ok(())
-}
-
-/// What a live driver runs on: the plugin libraries (kept loaded until the process exits),
-/// the effective config, the fleet and the scheduler on the real clock.
-pub(crate) struct LiveSetup {
-    pub registry: Registry,
-    pub effective: Arc<String>,
-    pub fleet: LiveFleet,
-    pub live: Arc<LiveScheduler>,
-}
-
-impl LiveSetup {
-    /// Loads the libraries, wires the pipeline, starts the fleet and the scheduler with the
-    /// `[serve]` limits. `records_needed` keeps at least one decision record per request.
-    pub async fn start(
-        config: &LoadedConfig,
-        options: &Options,
-        seed: u64,
-        records_needed: bool,
-    ) -> Result<LiveSetup, String> {
-        let settings = &config.config.serve;
-        let registry = load_registry(config, options).map_err(|e| e.to_string())?;
-        let pipeline = build(config, &registry, options).map_err(|e| e.to_string())?;
-        let effective = Arc::new(crate::effective::render(config, &registry, &pipeline));
-        let fleet = LiveFleet::start(config).await?;
-        let scheduler = Scheduler::new(Arc::new(pipeline), Fleet::default(), seed);
-        let keep_records = if records_needed {
-            settings.decision_records.max(1)
-        } else {
-            settings.decision_records
-        };
-        let live = LiveScheduler::start(
-            scheduler,
-            fleet.subscribe(),
-            RealClock::start(),
-            Limits {
-                per_endpoint: settings.max_in_flight_per_endpoint,
-                total: settings.max_in_flight,
-            },
-            keep_records,
-        );
-        Ok(LiveSetup {
-            registry,
-            effective,
-            fleet,
-            live,
-        })
-    }
-}
-
-/// The operator-facing listeners of a live driver.
-pub(crate) struct OperatorListeners {
-    pub metrics: TcpListener,
-    pub admin: Option<TcpListener>,
-}
-
-/// Serves `/metrics` `/health` `/ready` and, when it has a listener, the admin API, until
-/// `stopped`.
-pub(crate) fn spawn_operator_routes<O: admin::Observed>(
-    observed: Arc<O>,
-    listeners: OperatorListeners,
-    effective: Arc<String>,
-    draining: Arc<AtomicBool>,
-    stopped: watch::Receiver<bool>,
-    drain: Duration,
-    guard: Arc<Guard>,
-) -> Vec<tokio::task::JoinHandle<()>> {
-    let mut tasks = Vec::new();
-    {
-        let observed = observed.clone();
-        tasks.push(tokio::spawn(accept(
-            listeners.metrics,
-            stopped.clone(),
-            drain,
-            guard.clone(),
-            None,
-            move |request| admin::observe(observed.clone(), draining.clone(), request),
-        )));
-    }
-    if let Some(listener) = listeners.admin {
-        tasks.push(tokio::spawn(accept(
-            listener,
-            stopped,
-            drain,
-            guard,
-            None,
-            move |request| admin::admin(observed.clone(), effective.clone(), request),
-        )));
-    }
-    tasks
-}
-
-/// Distinguishes the ids this process generates from another's.
-pub(crate) fn id_prefix() -> u64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    nanos ^ (u64::from(std::process::id()) << 32)
-}
-
-/// `text` as a socket address, with its port replaced by `port` when given.
-pub(crate) fn address(key: &str, text: &str, port: Option<u16>) -> Result<SocketAddr, String> {
-    let mut addr: SocketAddr = text
-        .parse()
-        .map_err(|_| format!("{key} = '{text}' is not an address like 0.0.0.0:8080"))?;
-    if let Some(port) = port {
-        addr.set_port(port);
-    }
-    Ok(addr)
-}
-
-pub(crate) async fn bind(what: &str, addr: SocketAddr) -> Result<TcpListener, String> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|e| format!("cannot listen for the {what} on {addr}: {e}"))
-}
-
-pub(crate) fn local(listener: &TcpListener) -> String {
-    listener
-        .local_addr()
-        .map_or_else(|_| "?".to_string(), |a| a.to_string())
-}
-
-/// Waits for SIGTERM or SIGINT and names it.
-pub(crate) async fn shutdown_signal() -> Result<&'static str, String> {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
-    tokio::select! {
-        _ = terminate.recv() => Ok("SIGTERM"),
-        result = tokio::signal::ctrl_c() => result
-            .map(|()| "SIGINT")
-            .map_err(|e| format!("cannot watch SIGINT: {e}")),
-    }
-}
-
-/// Serves HTTP/1.1 connections with `handler`, each behind `guard`, until `stop`, then waits
-/// up to `drain` for the connections' requests to finish. With a `cap`, at most that many
-/// connections are open; further clients wait in the kernel's backlog until one closes.
-pub(crate) async fn accept<H, F>(
-    listener: TcpListener,
-    mut stop: watch::Receiver<bool>,
-    drain: Duration,
-    guard: Arc<Guard>,
-    cap: Option<usize>,
-    handler: H,
-) where
-    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Response<ServeBody>> + Send + 'static,
-{
-    let graceful = GracefulShutdown::new();
-    let slots = cap.map(|n| Arc::new(Semaphore::new(n)));
-    // Whether the listener is waiting at the cap since it last had a free slot.
-    let mut at_cap = false;
-    loop {
-        let slot = match &slots {
-            None => None,
-            Some(slots) => match slots.clone().try_acquire_owned() {
-                Ok(slot) => {
-                    at_cap = false;
-                    Some(slot)
-                }
-                Err(_) => {
-                    if !at_cap {
-                        at_cap = true;
-                        guard.cap_reached(cap.unwrap_or(0));
-                    }
-                    tokio::select! {
-                        slot = slots.clone().acquire_owned() => slot.ok(),
-                        _ = stop.changed() => break,
-                    }
-                }
-            },
-        };
-        tokio::select! {
-            accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
-                    Err(error) => {
-                        // Out of descriptors and the like: back off rather than spin.
-                        tracing::warn!("accept failed: {error}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let open = guard.open();
-                let progress = Arc::new(Progress::default());
-                let handler = handler.clone();
-                let service = {
-                    let progress = progress.clone();
-                    service_fn(move |request| {
-                        progress.request_started();
-                        let response = handler(request);
-                        let progress = progress.clone();
-                        async move {
-                            Ok::<_, Infallible>(response.await.map(|body| Tracked::new(body, progress)))
-                        }
-                    })
-                };
-                let io = GuardedIo::new(stream, guard.clone(), progress);
-                let connection = http1::Builder::new()
-                    .max_buf_size(connection::MAX_HEAD_BYTES)
-                    .serve_connection(TokioIo::new(io), service);
-                let watched = graceful.watch(connection);
-                tokio::spawn(async move {
-                    let _ = watched.await;
-                    drop(open);
-                    drop(slot);
-                });
-            }
-            _ = stop.changed() => break,
-        }
-    }
-    drop(listener);
-    if tokio::time::timeout(drain, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!("drain deadline reached; closing the remaining connections");
-    }
 }

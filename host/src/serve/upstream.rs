@@ -16,9 +16,9 @@ use hyper_util::rt::TokioExecutor;
 use switchyard_plugin_api::Outcome;
 use tokio::time::Sleep;
 
-use super::metrics::{Metrics, RequestOutcome};
-use super::response::BoxError;
 use crate::live::journal::JournalEntry;
+use crate::live::metrics::{Metrics, RequestOutcome};
+use crate::live::response::BoxError;
 use crate::live::{InFlight, RealClock};
 
 pub type Client = hyper_util::client::legacy::Client<HttpConnector, Full<Bytes>>;

@@ -1,19 +1,26 @@
-//! The operator-facing routes: `/metrics`, `/health` and `/ready` on the metrics listener, and
-//! the admin API (bound to loopback by default) with recent decision records, per-plugin
-//! counters, each plugin's `state`, the fleet and the effective config.
+//! The operator-facing routes of both live drivers, and the listeners serving them:
+//! `/metrics`, `/health` and `/ready` on the metrics listener, and the admin API (bound to
+//! loopback by default) with recent decision records, per-plugin counters, each plugin's
+//! `state`, the fleet and the effective config.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
+use bytes::Bytes;
+use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
 
-use super::api::Router;
-use super::metrics::Metrics;
-use super::metrics::RequestOutcome;
-use super::response::{self, ApiError, ServeBody};
 use crate::fleet::FleetState;
+use crate::live::connection::Guard;
+use crate::live::listen::accept;
+use crate::live::metrics::Metrics;
+use crate::live::metrics::RequestOutcome;
+use crate::live::response::{self, ApiError};
 use crate::live::LiveScheduler;
 
 /// What the operator-facing routes read: the shared state of a live driver.
@@ -23,27 +30,57 @@ pub trait Observed: Send + Sync + 'static {
     fn metrics(&self) -> &Metrics;
 }
 
-impl Observed for Router {
-    fn live(&self) -> &Arc<LiveScheduler> {
-        &self.live
-    }
-    fn fleet(&self) -> Arc<FleetState> {
-        self.fleet.current()
-    }
-    fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-}
-
 /// How many decision records `/decisions` returns unless `?limit=` says otherwise.
 const DEFAULT_RECORDS: usize = 100;
+
+/// The operator-facing listeners of a live driver.
+pub(crate) struct OperatorListeners {
+    pub metrics: TcpListener,
+    pub admin: Option<TcpListener>,
+}
+
+/// Serves `/metrics` `/health` `/ready` and, when it has a listener, the admin API, until
+/// `stopped`.
+pub(crate) fn spawn_operator_routes<O: Observed>(
+    observed: Arc<O>,
+    listeners: OperatorListeners,
+    effective: Arc<String>,
+    draining: Arc<AtomicBool>,
+    stopped: watch::Receiver<bool>,
+    drain: Duration,
+    guard: Arc<Guard>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    {
+        let observed = observed.clone();
+        tasks.push(tokio::spawn(accept(
+            listeners.metrics,
+            stopped.clone(),
+            drain,
+            guard.clone(),
+            None,
+            move |request| observe(observed.clone(), draining.clone(), request),
+        )));
+    }
+    if let Some(listener) = listeners.admin {
+        tasks.push(tokio::spawn(accept(
+            listener,
+            stopped,
+            drain,
+            guard,
+            None,
+            move |request| admin(observed.clone(), effective.clone(), request),
+        )));
+    }
+    tasks
+}
 
 /// The metrics listener's routes.
 pub async fn observe<O: Observed>(
     router: Arc<O>,
     draining: Arc<AtomicBool>,
     request: Request<Incoming>,
-) -> Response<ServeBody> {
+) -> Response<Full<Bytes>> {
     if let Some(refusal) = get_only(&request) {
         return refusal;
     }
@@ -86,7 +123,7 @@ pub async fn admin<O: Observed>(
     router: Arc<O>,
     effective_config: Arc<String>,
     request: Request<Incoming>,
-) -> Response<ServeBody> {
+) -> Response<Full<Bytes>> {
     if let Some(refusal) = get_only(&request) {
         return refusal;
     }
@@ -189,7 +226,7 @@ pub async fn admin<O: Observed>(
 }
 
 /// Both listeners answer GET only.
-fn get_only(request: &Request<Incoming>) -> Option<Response<ServeBody>> {
+fn get_only(request: &Request<Incoming>) -> Option<Response<Full<Bytes>>> {
     (request.method() != Method::GET).then(|| {
         let mut refusal = ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -207,7 +244,7 @@ fn get_only(request: &Request<Incoming>) -> Option<Response<ServeBody>> {
 }
 
 /// A 404 naming the listener's routes, as an OpenAI-shaped JSON error like every other error.
-fn unknown_route(routes: &str) -> Response<ServeBody> {
+fn unknown_route(routes: &str) -> Response<Full<Bytes>> {
     ApiError::new(
         StatusCode::NOT_FOUND,
         "unknown_route",

@@ -38,10 +38,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
-use super::api::RequestIds;
-use super::metrics::{CloseReason, Metrics, RequestOutcome};
-use super::response::ApiError;
 use crate::config::ServeConfig;
+use crate::live::ids::{RequestIds, REQUEST_ID};
+use crate::live::metrics::{CloseReason, Metrics, RequestOutcome};
+use crate::live::response::ApiError;
 
 /// Largest request head hyper buffers before answering 431.
 pub const MAX_HEAD_BYTES: usize = 400 * 1024;
@@ -92,7 +92,7 @@ impl Guard {
             body.len()
         );
         if let Some(ids) = &self.ids {
-            text.push_str(super::api::REQUEST_ID);
+            text.push_str(REQUEST_ID);
             text.push_str(": ");
             text.push_str(&ids.generate());
             text.push_str("\r\n");

@@ -1,5 +1,6 @@
-//! The router's Prometheus metrics: counters and histograms updated on the request path, and
-//! gauges read from the scheduler and the fleet at scrape time.
+//! The Prometheus metrics of both live drivers: counters and histograms updated on the request
+//! path, gauges read from the scheduler and the fleet at scrape time, and the [`Tally`] that
+//! counts each request exactly once.
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -68,6 +69,7 @@ impl RequestOutcome {
 /// Why the router closed a client connection, as counted in
 /// `switchyard_connections_closed_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(clippy::enum_variant_names)] // named after their label values
 pub enum CloseReason {
     HeaderTimeout,
     BodyTimeout,

@@ -1,0 +1,135 @@
+//! The listeners of a live driver: socket addresses from the config and the command line,
+//! binding, and the HTTP/1.1 accept loop that serves each connection behind the connection
+//! guard and, once stopped, drains.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::Body;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+
+use super::connection::{self, Guard, GuardedIo, Progress, Tracked};
+use super::response::BoxError;
+
+/// `text` as a socket address, with its port replaced by `port` when given.
+pub(crate) fn address(key: &str, text: &str, port: Option<u16>) -> Result<SocketAddr, String> {
+    let mut addr: SocketAddr = text
+        .parse()
+        .map_err(|_| format!("{key} = '{text}' is not an address like 0.0.0.0:8080"))?;
+    if let Some(port) = port {
+        addr.set_port(port);
+    }
+    Ok(addr)
+}
+
+pub(crate) async fn bind(what: &str, addr: SocketAddr) -> Result<TcpListener, String> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen for the {what} on {addr}: {e}"))
+}
+
+pub(crate) fn local(listener: &TcpListener) -> String {
+    listener
+        .local_addr()
+        .map_or_else(|_| "?".to_string(), |a| a.to_string())
+}
+
+/// Serves HTTP/1.1 connections with `handler`, each behind `guard`, until `stop`, then waits
+/// up to `drain` for the connections' requests to finish. With a `cap`, at most that many
+/// connections are open; further clients wait in the kernel's backlog until one closes.
+pub(crate) async fn accept<H, F, B>(
+    listener: TcpListener,
+    mut stop: watch::Receiver<bool>,
+    drain: Duration,
+    guard: Arc<Guard>,
+    cap: Option<usize>,
+    handler: H,
+) where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: Body<Data = Bytes> + Unpin + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let graceful = GracefulShutdown::new();
+    let slots = cap.map(|n| Arc::new(Semaphore::new(n)));
+    // Whether the listener is waiting at the cap since it last had a free slot.
+    let mut at_cap = false;
+    loop {
+        let slot = match &slots {
+            None => None,
+            Some(slots) => match slots.clone().try_acquire_owned() {
+                Ok(slot) => {
+                    at_cap = false;
+                    Some(slot)
+                }
+                Err(_) => {
+                    if !at_cap {
+                        at_cap = true;
+                        guard.cap_reached(cap.unwrap_or(0));
+                    }
+                    tokio::select! {
+                        slot = slots.clone().acquire_owned() => slot.ok(),
+                        _ = stop.changed() => break,
+                    }
+                }
+            },
+        };
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(error) => {
+                        // Out of descriptors and the like: back off rather than spin.
+                        tracing::warn!("accept failed: {error}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let open = guard.open();
+                let progress = Arc::new(Progress::default());
+                let handler = handler.clone();
+                let service = {
+                    let progress = progress.clone();
+                    service_fn(move |request| {
+                        progress.request_started();
+                        let response = handler(request);
+                        let progress = progress.clone();
+                        async move {
+                            Ok::<_, Infallible>(response.await.map(|body| Tracked::new(body, progress)))
+                        }
+                    })
+                };
+                let io = GuardedIo::new(stream, guard.clone(), progress);
+                let connection = http1::Builder::new()
+                    .max_buf_size(connection::MAX_HEAD_BYTES)
+                    .serve_connection(TokioIo::new(io), service);
+                let watched = graceful.watch(connection);
+                tokio::spawn(async move {
+                    let _ = watched.await;
+                    drop(open);
+                    drop(slot);
+                });
+            }
+            _ = stop.changed() => break,
+        }
+    }
+    drop(listener);
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain deadline reached; closing the remaining connections");
+    }
+}
