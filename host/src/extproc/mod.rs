@@ -205,7 +205,7 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
         .max_decoding_message_size(args.grpc_max_recv_msg_size)
         .max_encoding_message_size(args.grpc_max_send_msg_size);
     // Up to --grpc-max-connections sockets, each with its streams' connections to replicas.
-    crate::serve::connection::raise_open_file_limit();
+    crate::live::connection::raise_open_file_limit();
     let grpc_task = tokio::spawn(grpc.add_service(service).serve_with_incoming_shutdown(
         connections::admit(
             grpc_listener,
