@@ -7,8 +7,9 @@
 //! decision records (`records` builds one per decision, as `serve` does by default). Prints the
 //! mean time per decision spent in the scheduler and in each plugin's timed calls, and its
 //! ratio to hashing the same prompt alone, measured in the same iterations. The plugin
-//! libraries are loaded from `target/release` (build them with `cargo build --release
-//! --workspace` first).
+//! libraries are loaded from the directory of the profile the example was built with
+//! (`target/release`, or `target/profiling` for callgrind and perf): build them with `cargo
+//! build --release --workspace` (or `--profile profiling`) first.
 
 use std::sync::Arc;
 
@@ -17,7 +18,16 @@ use switchyard_plugin_api::Outcome;
 
 #[path = "../benches/support/shape.rs"]
 mod shape;
-use shape::{fleet, hash_floor, load, prompt, window_ms, workspace_root, MODEL, PROMPT_POOL};
+use shape::{fleet, hash_floor, load, prompt, window_ms, MODEL, PROMPT_POOL};
+
+/// `target/<profile>`: the directory above the `examples/` this program was built into.
+fn profile_dir() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the path of this program");
+    exe.parent()
+        .and_then(std::path::Path::parent)
+        .expect("built into target/<profile>/examples")
+        .to_path_buf()
+}
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -34,7 +44,7 @@ fn main() {
         Some(other) => panic!("the fifth argument is `records` or nothing, not `{other}`"),
     };
 
-    let (config, options) = load(&file, &workspace_root().join("target").join("release"));
+    let (config, options) = load(&file, &profile_dir());
     let registry = load_registry(&config, &options).unwrap_or_else(|e| panic!("{e}"));
     let pipeline = build(&config, &registry, &options).unwrap_or_else(|e| panic!("{e}"));
     let mut scheduler = Scheduler::new(Arc::new(pipeline), fleet(endpoints), 7);

@@ -83,7 +83,7 @@ pub fn install_host(host: HostCallbacks) {
 
 /// Exports a library's root module listing the given `static` [`PluginFactory`]s.
 ///
-/// ```ignore
+/// ```text
 /// switchyard_plugin_api::export_plugins!(MY_SCORER, MY_FILTER);
 /// ```
 #[macro_export]

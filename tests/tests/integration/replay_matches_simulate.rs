@@ -93,6 +93,7 @@ fn replayed(requests: &[SimRequest], fleet: &SimFleet) -> BTreeMap<u64, usize> {
 }
 
 #[test]
+#[ignore = "slow tier: drives every burst shape through simulate and replay (about 40 s)"]
 fn replay_places_the_burst_shapes_as_simulate_does() {
     for (prompts, samples) in [(32, 16), (2, 256), (4, 128), (3, 100), (5, 100), (256, 1)] {
         let workload = Workload::from_name(

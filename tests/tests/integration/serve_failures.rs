@@ -1167,6 +1167,7 @@ print(json.dumps(out))
 "#;
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "slow tier: installs the openai Python client from PyPI into a virtual environment"]
 async fn the_openai_python_client_works_against_the_router() {
     // Installing may take a while the first time; do it before starting processes.
     let python = tokio::task::spawn_blocking(openai_venv)

@@ -12,11 +12,12 @@ use switchyard_tests::{standalone_library, workspace_root};
 
 const LIB: &str = "preferred_endpoint_scorer";
 
-/// Builds the example with the build-time default of its `endpoint` parameter.
+/// Builds the example with the build-time default of its `endpoint` parameter. The build
+/// shares the compatibility fixtures' target directory: the same dependencies, built once.
 fn build_example(default_endpoint: &str) -> PathBuf {
     standalone_library(
         &workspace_root().join("examples/preferred-endpoint-scorer"),
-        "examples",
+        "fixtures",
         LIB,
         &[("PREFERRED_ENDPOINT_DEFAULT", default_endpoint)],
     )
