@@ -485,6 +485,30 @@ impl Case {
     }
 }
 
+/// A completion with `id` whose replica waits `delay_ms` before its first byte, in a task.
+fn delayed_completion(
+    api: SocketAddr,
+    id: &'static str,
+    delay_ms: u64,
+) -> tokio::task::JoinHandle<Response<Incoming>> {
+    tokio::spawn(async move {
+        let fault = format!("first-byte-delay-ms={delay_ms}");
+        let headers = [("x-mock-fault", fault.as_str()), ("x-request-id", id)];
+        send(api, "POST", COMPLETIONS, &headers, &completion(1, false)).await
+    })
+}
+
+/// Whether the router's requests in flight reach `count` within 5 s.
+async fn in_flight_reaches(router: &Router, count: f64) -> bool {
+    eventually(Duration::from_secs(5), || async {
+        metric_sum(
+            &metrics_page(router.metrics).await,
+            "switchyard_in_flight_total",
+        ) == count
+    })
+    .await
+}
+
 async fn answer_of(response: Response<Incoming>) -> Answer {
     let status = response.status().as_u16();
     let id = response
@@ -626,28 +650,11 @@ async fn every_answer_carries_its_id_a_json_body_and_exactly_one_count() {
     }
 
     // Saturated: one request holds the only place (its first byte waits a second).
-    let held = tokio::spawn(async move {
-        let body = completion(1, false);
-        send(
-            api,
-            "POST",
-            COMPLETIONS,
-            &[
-                ("x-mock-fault", "first-byte-delay-ms=1000"),
-                ("x-request-id", "held"),
-            ],
-            &body,
-        )
-        .await
-    });
-    let holding = eventually(Duration::from_secs(5), || async {
-        metric_sum(
-            &metrics_page(router.metrics).await,
-            "switchyard_in_flight_total",
-        ) == 1.0
-    })
-    .await;
-    assert!(holding, "the held request never reached the replica");
+    let held = delayed_completion(api, "held", 1000);
+    assert!(
+        in_flight_reaches(&router, 1.0).await,
+        "the held request never reached the replica"
+    );
     let full = answer_of(
         send(
             api,
@@ -679,14 +686,10 @@ async fn every_answer_carries_its_id_a_json_body_and_exactly_one_count() {
         body.len()
     );
     gone.write_all(head.as_bytes()).await.expect("request sent");
-    let placed = eventually(Duration::from_secs(5), || async {
-        metric_sum(
-            &metrics_page(router.metrics).await,
-            "switchyard_in_flight_total",
-        ) == 1.0
-    })
-    .await;
-    assert!(placed, "the request never reached the replica");
+    assert!(
+        in_flight_reaches(&router, 1.0).await,
+        "the request never reached the replica"
+    );
     drop(gone);
     assert_router_idle(&router, "after the client left").await;
 
@@ -736,28 +739,11 @@ async fn a_request_unanswered_at_the_drain_deadline_gets_503_shutting_down() {
     let config = static_config(&[("one", replica.addr.to_string())]);
     let router = start_router(&dir, &config, "drain_timeout_ms = 1000", &[]).await;
     let api = router.api();
-    let waiting = tokio::spawn(async move {
-        let body = completion(1, false);
-        send(
-            api,
-            "POST",
-            COMPLETIONS,
-            &[
-                ("x-mock-fault", "first-byte-delay-ms=10000"),
-                ("x-request-id", "late"),
-            ],
-            &body,
-        )
-        .await
-    });
-    let placed = eventually(Duration::from_secs(5), || async {
-        metric_sum(
-            &metrics_page(router.metrics).await,
-            "switchyard_in_flight_total",
-        ) == 1.0
-    })
-    .await;
-    assert!(placed, "the request never reached the replica");
+    let waiting = delayed_completion(api, "late", 10_000);
+    assert!(
+        in_flight_reaches(&router, 1.0).await,
+        "the request never reached the replica"
+    );
     let exit = tokio::task::spawn_blocking(move || {
         let mut router = router;
         let code = router.process.terminate(Duration::from_secs(10));
