@@ -498,3 +498,17 @@ pub fn replay_placements(
         })
         .collect()
 }
+
+/// A windowless pipeline: queue depth only, ties broken by the picker's seeded randomness.
+pub const QUEUE_PIPELINE: &str = "\
+[[plugins]]
+type = \"queue-scorer\"
+
+[[plugins]]
+type = \"max-score-picker\"
+
+[[profiles]]
+name = \"default\"
+scorers = [{ plugin = \"queue-scorer\", weight = 1.0 }]
+picker = \"max-score-picker\"
+";

@@ -12,11 +12,12 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::time::{Instant, Sleep};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 
+use crate::live::connection::ConnectionSlots;
 use crate::live::metrics::Metrics;
 
 /// A served connection; dropping it frees its place under the cap.
@@ -101,9 +102,7 @@ async fn accept(
     metrics: Metrics,
     sender: mpsc::Sender<io::Result<Admitted>>,
 ) {
-    let places = Arc::new(Semaphore::new(cap));
-    // Logged once each time the cap is reached, not once per waiting connection.
-    let mut at_cap = false;
+    let mut slots = ConnectionSlots::new(cap, "--grpc-max-connections", Some(metrics.clone()));
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -118,28 +117,12 @@ async fn accept(
                 continue;
             }
         };
-        let permit = match places.clone().try_acquire_owned() {
-            Ok(permit) => {
-                at_cap = false;
-                permit
-            }
-            Err(_) => {
-                metrics.connection_cap_reached();
-                if !at_cap {
-                    tracing::warn!(
-                        "ext_proc connection limit reached (--grpc-max-connections = {cap}); new \
-                         connections wait for one to close"
-                    );
-                }
-                at_cap = true;
-                tokio::select! {
-                    permit = places.clone().acquire_owned() => match permit {
-                        Ok(permit) => permit,
-                        Err(_) => return,
-                    },
-                    () = sender.closed() => return,
-                }
-            }
+        let permit = tokio::select! {
+            permit = slots.acquire() => match permit {
+                Some(permit) => permit,
+                None => return,
+            },
+            () = sender.closed() => return,
         };
         metrics.connections_open(1);
         let admitted = Admitted {

@@ -27,8 +27,8 @@ pub const SERVED: &str = "x-gateway-destination-endpoint-served";
 pub const LB_NAMESPACE: &str = "envoy.lb";
 pub const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
 pub const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
-pub const DROPPED_REASON: &str = "x-llm-d-request-dropped-reason";
-pub const REQUEST_ID: &str = "x-request-id";
+pub use crate::live::ids::REQUEST_ID;
+pub use crate::live::response::DROPPED_REASON;
 /// Largest body chunk echoed back in one message, as the reference and Envoy's peers use.
 pub const BODY_CHUNK: usize = 62_000;
 

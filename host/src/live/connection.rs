@@ -36,6 +36,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::StatusCode;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
 use crate::config::ServeConfig;
@@ -102,15 +103,9 @@ impl Guard {
         text.into_bytes()
     }
 
-    /// The listener has `cap` connections open and stops accepting until one closes.
-    pub(crate) fn cap_reached(&self, cap: usize) {
-        if let Some(metrics) = &self.metrics {
-            metrics.connection_cap_reached();
-        }
-        tracing::warn!(
-            "{cap} connections open (max_connections): new connections wait in the backlog \
-             until one closes"
-        );
+    /// The listener's connection slots, `cap` of them.
+    pub(crate) fn slots(&self, cap: usize, setting: &'static str) -> ConnectionSlots {
+        ConnectionSlots::new(cap, setting, self.metrics.clone())
     }
 
     /// Marks one open connection until the returned value is dropped.
@@ -156,6 +151,50 @@ pub fn connection_cap(max_connections: usize) -> usize {
     usize::try_from(spare)
         .unwrap_or(usize::MAX)
         .clamp(1, CONNECTIONS_WITHOUT_FILE_LIMIT)
+}
+
+/// At most `cap` connections of a listener served at once. Reaching the cap is counted and
+/// logged once each time, not once per connection that waits.
+pub(crate) struct ConnectionSlots {
+    slots: Arc<Semaphore>,
+    cap: usize,
+    /// The setting that sets the cap, for the log line.
+    setting: &'static str,
+    metrics: Option<Metrics>,
+    /// Whether the cap was reached since a slot was last free at once.
+    at_cap: bool,
+}
+
+impl ConnectionSlots {
+    pub(crate) fn new(cap: usize, setting: &'static str, metrics: Option<Metrics>) -> Self {
+        ConnectionSlots {
+            slots: Arc::new(Semaphore::new(cap)),
+            cap,
+            setting,
+            metrics,
+            at_cap: false,
+        }
+    }
+
+    /// A slot, held until dropped; at the cap, waits for one to be freed.
+    pub(crate) async fn acquire(&mut self) -> Option<OwnedSemaphorePermit> {
+        if let Ok(slot) = self.slots.clone().try_acquire_owned() {
+            self.at_cap = false;
+            return Some(slot);
+        }
+        if !std::mem::replace(&mut self.at_cap, true) {
+            if let Some(metrics) = &self.metrics {
+                metrics.connection_cap_reached();
+            }
+            tracing::warn!(
+                "{} connections open ({} = {}): new connections wait in the backlog until one closes",
+                self.cap,
+                self.setting,
+                self.cap
+            );
+        }
+        self.slots.clone().acquire_owned().await.ok()
+    }
 }
 
 /// Raises the soft open-file limit to the hard limit; returns the limit in force after.

@@ -17,7 +17,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 use super::connection::{self, Guard, GuardedIo, Progress, Tracked};
 use super::response::BoxError;
@@ -62,27 +62,13 @@ pub(crate) async fn accept<H, F, B>(
     B::Error: Into<BoxError>,
 {
     let graceful = GracefulShutdown::new();
-    let slots = cap.map(|n| Arc::new(Semaphore::new(n)));
-    // Whether the listener is waiting at the cap since it last had a free slot.
-    let mut at_cap = false;
+    let mut slots = cap.map(|cap| guard.slots(cap, "max_connections"));
     loop {
-        let slot = match &slots {
+        let slot = match slots.as_mut() {
             None => None,
-            Some(slots) => match slots.clone().try_acquire_owned() {
-                Ok(slot) => {
-                    at_cap = false;
-                    Some(slot)
-                }
-                Err(_) => {
-                    if !at_cap {
-                        at_cap = true;
-                        guard.cap_reached(cap.unwrap_or(0));
-                    }
-                    tokio::select! {
-                        slot = slots.clone().acquire_owned() => slot.ok(),
-                        _ = stop.changed() => break,
-                    }
-                }
+            Some(slots) => tokio::select! {
+                slot = slots.acquire() => slot,
+                _ = stop.changed() => break,
             },
         };
         tokio::select! {

@@ -9,27 +9,11 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use switchyard_tests::live::{
     assert_router_idle, binary, eventually, free_port, metric_sum, metrics_page, send,
-    start_replica, start_router, temp_dir, wait_healthy, Process, Router,
+    start_replica, start_router, temp_dir, wait_healthy, Process, Router, QUEUE_PIPELINE,
 };
 use switchyard_tests::plugin_dir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-const PIPELINE: &str = "\
-[[plugins]]
-type = \"queue-scorer\"
-
-[[plugins]]
-type = \"max-score-picker\"
-
-[[profiles]]
-name = \"default\"
-scorers = [{ plugin = \"queue-scorer\", weight = 1.0 }]
-picker = \"max-score-picker\"
-
-[fleet]
-scrape_interval_ms = 0
-";
 
 /// Every connection timeout of the routers below, in milliseconds.
 const TIMEOUT_MS: u64 = 400;
@@ -40,7 +24,7 @@ const BODY: &str = "{\"model\": \"mock-model\", \"prompt\": \"slow clients\", \"
 async fn router(tag: &str, serve_table: &str) -> (Process, Router) {
     let replica = start_replica("r0", &["--decode-tokens-per-second", "2000"]).await;
     let config = format!(
-        "[[endpoints]]\nname = \"r0\"\naddress = \"{}\"\n\n{PIPELINE}",
+        "[[endpoints]]\nname = \"r0\"\naddress = \"{}\"\n\n{QUEUE_PIPELINE}\n[fleet]\nscrape_interval_ms = 0\n",
         replica.addr
     );
     let router = start_router(&temp_dir(tag), &config, serve_table, &[]).await;
@@ -555,7 +539,7 @@ async fn the_router_raises_a_low_open_file_limit_to_the_hard_limit() {
     std::fs::write(
         &config,
         format!(
-            "[[endpoints]]\nname = \"r0\"\naddress = \"{}\"\n\n{PIPELINE}\n[serve]\n\
+            "[[endpoints]]\nname = \"r0\"\naddress = \"{}\"\n\n{QUEUE_PIPELINE}\n[fleet]\nscrape_interval_ms = 0\n[serve]\n\
              listen = \"127.0.0.1:{api}\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\n\
              admin_listen = \"\"\n",
             replica.addr

@@ -17,24 +17,11 @@ use serde_json::Value;
 use switchyard_tests::live::{
     assert_router_idle, body_bytes, eventually, json, metric_sum, metrics_page, read_events,
     read_rest_of_stream, send, start_replica, start_router, temp_dir, try_send, Router,
+    QUEUE_PIPELINE,
 };
 use switchyard_tests::target_dir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
-
-/// A windowless pipeline: queue depth only, ties broken by the picker's seeded randomness.
-const PIPELINE: &str = "\
-[[plugins]]
-type = \"queue-scorer\"
-
-[[plugins]]
-type = \"max-score-picker\"
-
-[[profiles]]
-name = \"default\"
-scorers = [{ plugin = \"queue-scorer\", weight = 1.0 }]
-picker = \"max-score-picker\"
-";
 
 const COMPLETIONS: &str = "/v1/completions";
 
@@ -55,7 +42,7 @@ fn static_config(endpoints: &[(&str, String)]) -> String {
             "[[endpoints]]\nname = \"{name}\"\naddress = \"{address}\"\n\n"
         ));
     }
-    text.push_str(PIPELINE);
+    text.push_str(QUEUE_PIPELINE);
     text.push_str("\n[fleet]\nscrape_interval_ms = 0\n");
     text
 }
@@ -798,7 +785,7 @@ async fn a_discovery_file_replaced_under_load_moves_traffic_without_losing_reque
     let file = dir.join("endpoints.yaml");
     std::fs::write(&file, discovery_yaml(&[("a", a.addr), ("b", b.addr)])).expect("written");
     let config = format!(
-        "{PIPELINE}\n[fleet]\ndiscovery_file = \"endpoints.yaml\"\nscrape_interval_ms = 0\n"
+        "{QUEUE_PIPELINE}\n[fleet]\ndiscovery_file = \"endpoints.yaml\"\nscrape_interval_ms = 0\n"
     );
     let router = start_router(&dir, &config, "", &[]).await;
     let api = router.api();
