@@ -77,8 +77,9 @@ pub struct WindowGroup<'a> {
 struct Trail {
     first_ms: u64,
     last_ms: u64,
-    /// When (in the plan's `arrivals`) its first member came.
+    /// When (in the plan's `arrivals`) its first and its latest member came.
     first_arrival: u64,
+    last_arrival: u64,
     seen: usize,
     weight: f64,
     shares: Vec<Share>,
@@ -161,6 +162,7 @@ impl BurstPlan {
                 first_ms: now_ms,
                 last_ms: now_ms,
                 first_arrival,
+                last_arrival: first_arrival,
                 seen: 0,
                 weight: group.weight,
                 shares: Vec::new(),
@@ -172,6 +174,7 @@ impl BurstPlan {
             let was_alone = trail.seen < 2;
             trail.seen += group.positions.len();
             trail.last_ms = now_ms;
+            trail.last_arrival = self.arrivals + group.positions[group.positions.len() - 1] as u64;
             if trail.seen > 1 {
                 self.last_burst_ms = Some(now_ms);
                 if was_alone {
@@ -257,23 +260,33 @@ impl BurstPlan {
 
     /// The groups still arriving: their last member came within eight of their mean gaps
     /// between members, or within a batch window (at most half the memory; a group seen once,
-    /// within a quarter of it). The plan balances
-    /// their whole estimated sizes; a group that stopped arriving weighs only through its
-    /// requests still in flight, which the replicas' carried load holds (and is followed again
-    /// if another of its requests comes).
+    /// within a quarter of it). The plan balances their whole estimated sizes; a group that
+    /// stopped arriving weighs only through its requests still in flight, which the replicas'
+    /// carried load holds (and is followed again if another of its requests comes).
+    ///
+    /// A pause of the whole stream — the client or the router stalled, and what was sent
+    /// meanwhile comes in one window — is not a group stopping: past its pause, a group also
+    /// needs eight of its mean gaps counted in requests that arrived without it, unless the
+    /// pause lasted four times its limit (the next step of a training loop, say).
     fn active(&self) -> impl Iterator<Item = &Trail> + Clone {
         self.trails.values().filter(|t| self.is_active(t))
     }
 
     fn is_active(&self, trail: &Trail) -> bool {
-        let pause = if trail.seen < 2 {
+        let paused_ms = self.now_ms.saturating_sub(trail.last_ms);
+        if trail.seen < 2 {
             // No pace yet: a group's second member may be far behind its first.
-            self.memory_ms / 4
-        } else {
-            let pace = (trail.last_ms - trail.first_ms) / (trail.seen as u64 - 1);
-            (8 * pace).max(self.window_ms).min(self.memory_ms / 2)
-        };
-        trail.last_ms.saturating_add(pause) >= self.now_ms
+            return paused_ms <= self.memory_ms / 4;
+        }
+        let members_between = trail.seen as u64 - 1;
+        let pace = (trail.last_ms - trail.first_ms) / members_between;
+        let limit = (8 * pace).max(self.window_ms).min(self.memory_ms / 2);
+        if paused_ms <= limit {
+            return true;
+        }
+        let arrivals_gap = (trail.last_arrival - trail.first_arrival).div_ceil(members_between);
+        let arrived_without = self.arrivals.saturating_sub(trail.last_arrival + 1);
+        paused_ms <= 4 * limit && arrived_without < 8 * arrivals_gap.max(1)
     }
 
     /// Whether the burst's groups look all known: twice as many members as there are

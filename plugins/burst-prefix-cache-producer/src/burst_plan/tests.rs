@@ -404,3 +404,43 @@ fn one_prompt_alone_spreads_over_the_replicas_as_it_grows() {
     assert!(load.iter().all(|&n| n.abs_diff(32) <= 4), "{load:?}");
     assert_eq!(pairs, 8);
 }
+
+#[test]
+fn a_pause_of_the_whole_stream_does_not_change_the_placement() {
+    // A shuffled step of 16 × 8 over 4 replicas in windows of 1–5 requests a millisecond apart,
+    // and the same windows with a stall of 150 ms half-way (nothing arrives in the pause; the
+    // 40 requests sent meanwhile come in one window after it): placed alike, request by request.
+    let ids: Vec<String> = (0..4).map(|r| format!("/r{r}")).collect();
+    for seed in 1..=20 {
+        let mut next = switchyard_plugin_api::testing::numbers(seed);
+        let mut order: Vec<usize> = (0..128).map(|i| i / 8).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, next(i as u64 + 1) as usize);
+        }
+        let mut windows = Vec::new();
+        let mut at = 0;
+        while at < order.len() {
+            let size = if at == 48 { 40 } else { 1 + next(4) as usize }.min(order.len() - at);
+            windows.push(at..at + size);
+            at += size;
+        }
+        let place = |stall_ms: u64| {
+            let mut plan = BurstPlan::new(2000, 100);
+            let mut load = vec![0usize; 4];
+            let mut placed = Vec::new();
+            let mut now = 0;
+            for window in &windows {
+                now += if window.start == 48 { stall_ms } else { 1 };
+                let running: Vec<u64> = load.iter().map(|&n| n as u64).collect();
+                let key = |g: usize| GroupKey::of(&[g as u64 + 1]).unwrap();
+                let groups = &order[window.clone()];
+                for r in place_window(&mut plan, now, groups, key, &ids, &running) {
+                    load[r] += 1;
+                    placed.push(r);
+                }
+            }
+            placed
+        };
+        assert_eq!(place(150), place(1), "seed {seed}");
+    }
+}
