@@ -426,7 +426,7 @@ fn a_pause_of_the_whole_stream_does_not_change_the_placement() {
         }
         let place = |stall_ms: u64| {
             let mut plan = BurstPlan::new(2000, 100);
-            let mut load = vec![0usize; 4];
+            let mut load = [0usize; 4];
             let mut placed = Vec::new();
             let mut now = 0;
             for window in &windows {
