@@ -364,6 +364,10 @@ impl Scheduler {
         &self.pipeline
     }
 
+    pub fn shared_pipeline(&self) -> Arc<Pipeline> {
+        Arc::clone(&self.pipeline)
+    }
+
     /// Replaces the fleet for requests submitted from now on. Endpoints keep their host index
     /// by id, so per-endpoint plugin state follows them.
     pub fn set_fleet(&mut self, fleet: Fleet) {
