@@ -161,13 +161,43 @@ pub fn load_library(path: &Path) -> Result<LoadedLibrary, LoadError> {
 
 /// As [`load_library`], with `check` run over the library's bytes before they are opened (a
 /// digest pin, for example); its error refuses the library.
-///
-/// The library is opened from a private copy of the file, removed again once opened, so
-/// overwriting the file in place while switchyard runs cannot change code it is executing,
-/// and what was checked is what runs.
 pub fn load_library_checked(
     path: &Path,
     check: impl FnOnce(&[u8]) -> Result<(), String>,
+) -> Result<LoadedLibrary, LoadError> {
+    let bytes = read_library(path)?;
+    check(&bytes).map_err(|reason| LoadError {
+        path: tidy_path(path),
+        problem: LoadProblem::Other(reason),
+        detail: String::new(),
+    })?;
+    let name = path
+        .file_name()
+        .unwrap_or("library".as_ref())
+        .to_string_lossy();
+    load_library_bytes(path, &bytes, &name)
+}
+
+/// The bytes of the library file at `path`, refused as [`load_library`] refuses a file it
+/// cannot read.
+pub fn read_library(path: &Path) -> Result<Vec<u8>, LoadError> {
+    std::fs::read(path).map_err(|error| LoadError {
+        path: tidy_path(path),
+        problem: LoadProblem::Open(io_reason(&error)),
+        detail: error.to_string(),
+    })
+}
+
+/// Opens and verifies `bytes`, the content of the library file at `path` (named in errors).
+///
+/// The library is opened from a private copy of the bytes, called `copy_name` in a directory
+/// only this process uses and removed again once opened, so overwriting the file at `path`
+/// while switchyard runs cannot change code it is executing, and what was checked is what
+/// runs. Each call opens a new copy: two versions of one file can be loaded side by side.
+pub fn load_library_bytes(
+    path: &Path,
+    bytes: &[u8],
+    copy_name: &str,
 ) -> Result<LoadedLibrary, LoadError> {
     let path = tidy_path(path);
     let refuse = |problem: LoadProblem, detail: String| LoadError {
@@ -175,10 +205,7 @@ pub fn load_library_checked(
         problem,
         detail,
     };
-    let bytes = std::fs::read(&path)
-        .map_err(|error| refuse(LoadProblem::Open(io_reason(&error)), error.to_string()))?;
-    check(&bytes).map_err(|reason| refuse(LoadProblem::Other(reason), String::new()))?;
-    let copy = PrivateCopy::write(&path, &bytes).map_err(|error| {
+    let copy = PrivateCopy::write(copy_name, bytes).map_err(|error| {
         refuse(
             LoadProblem::Other(format!(
                 "cannot make a private copy to load from in {}: {} (set TMPDIR to a writable \
@@ -299,7 +326,7 @@ struct PrivateCopy {
 }
 
 impl PrivateCopy {
-    fn write(original: &Path, bytes: &[u8]) -> std::io::Result<PrivateCopy> {
+    fn write(name: &str, bytes: &[u8]) -> std::io::Result<PrivateCopy> {
         use std::sync::atomic::{AtomicU64, Ordering};
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let nanos = std::time::SystemTime::now()
@@ -315,7 +342,7 @@ impl PrivateCopy {
         std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
         builder.create(&dir)?;
         let copy = PrivateCopy {
-            file: dir.join(original.file_name().unwrap_or("library".as_ref())),
+            file: dir.join(Path::new(name).file_name().unwrap_or("library".as_ref())),
             dir,
         };
         std::fs::write(&copy.file, bytes)?;

@@ -37,6 +37,7 @@ use crate::live::ids::{id_prefix, RequestIds};
 use crate::live::lifecycle::{shutdown_signal, LiveSetup};
 use crate::live::listen::{bind, local};
 use crate::live::metrics::Metrics;
+use crate::live::reload::Reloader;
 use crate::live::LiveScheduler;
 use crate::pipeline::Options;
 use crate::replay::ReplayOutput;
@@ -51,6 +52,7 @@ const STREAM_BUFFER: usize = 16;
 /// What every stream shares.
 pub struct Picker {
     live: Arc<LiveScheduler>,
+    reloader: Arc<Reloader>,
     fleet: LiveFleet,
     metrics: Metrics,
     ids: RequestIds,
@@ -86,6 +88,9 @@ impl Picker {
 impl Observed for Picker {
     fn live(&self) -> &Arc<LiveScheduler> {
         &self.live
+    }
+    fn reloader(&self) -> &Arc<Reloader> {
+        &self.reloader
     }
     fn fleet(&self) -> Arc<FleetState> {
         self.fleet.current()
@@ -142,13 +147,13 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
         None
     };
     let LiveSetup {
-        registry,
-        effective,
+        reloader,
         fleet,
         live,
     } = LiveSetup::start(&config, &options, args.seed, args.emit_endpoint_scores).await?;
     let picker = Arc::new(Picker {
         live,
+        reloader,
         fleet,
         metrics: Metrics::default(),
         ids: RequestIds::new(id_prefix()),
@@ -229,7 +234,6 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
             metrics: metrics_listener,
             admin: admin_listener,
         },
-        effective,
         draining.clone(),
         observers_stopped.clone(),
         drain,
@@ -259,8 +263,6 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
         let _ = task.await;
     }
     drop(picker);
-    // The plugin libraries stay loaded until the process exits.
-    std::mem::forget(registry);
     tracing::info!("stopped");
     Ok(())
 }

@@ -39,12 +39,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::config::LoadedConfig;
 use crate::pipeline::{Endpoint, Fleet};
 
+use discovery::Target;
 pub use discovery::{ENGINE_LABEL, ROLE_LABEL};
 
 /// Which metric names an endpoint's `/metrics` page uses (label `llm-d.ai/engine-type`).
@@ -95,6 +96,72 @@ impl FleetState {
 pub struct LiveFleet {
     state: watch::Receiver<Arc<FleetState>>,
     task: JoinHandle<()>,
+    replace: mpsc::UnboundedSender<(Vec<Target>, Option<discovery::FileWatch>)>,
+}
+
+/// Replaces a running fleet's endpoints with those of a reloaded config.
+#[derive(Clone)]
+pub struct Membership {
+    replace: mpsc::UnboundedSender<(Vec<Target>, Option<discovery::FileWatch>)>,
+}
+
+impl Membership {
+    /// Reads the endpoints `config` names: its `[[endpoints]]`, or its discovery file (an
+    /// unreadable one is an error).
+    pub fn read(&self, config: &LoadedConfig) -> Result<NewMembers, String> {
+        let (parsed, watch) = membership(config)?;
+        Ok(NewMembers {
+            targets: parsed.targets,
+            watch,
+        })
+    }
+
+    /// Hands `members` to the fleet, which applies them as it applies a changed discovery
+    /// file: endpoints that stay keep their scraped facts, and the new discovery file (if
+    /// any) is watched from then on. The `[fleet]` scrape settings stay those the fleet
+    /// started with.
+    pub fn apply(&self, members: NewMembers) {
+        // Fails only once the fleet has stopped, when there is nothing left to change.
+        let _ = self.replace.send((members.targets, members.watch));
+    }
+}
+
+/// Endpoints read from a reloaded config, not yet applied.
+pub struct NewMembers {
+    targets: Vec<Target>,
+    watch: Option<discovery::FileWatch>,
+}
+
+/// The endpoints `config` names, and the watch of its discovery file when it has one.
+fn membership(
+    config: &LoadedConfig,
+) -> Result<(discovery::Parsed, Option<discovery::FileWatch>), String> {
+    match &config.config.fleet.discovery_file {
+        Some(file) => {
+            if !config.config.endpoints.is_empty() {
+                return Err(format!(
+                    "{}: [fleet] discovery_file and [[endpoints]] are both given; the fleet \
+                     comes from one of them",
+                    config.path.display()
+                ));
+            }
+            let path = config.base_dir().join(file);
+            let failed = |e: String| format!("discovery file {}: {e}", path.display());
+            let content = discovery::read_file(&path).map_err(failed)?;
+            let parsed = discovery::parse(&content).map_err(failed)?;
+            for note in &parsed.notes {
+                tracing::warn!("discovery file {}: {note}", path.display());
+            }
+            Ok((parsed, Some(discovery::FileWatch::new(path, content))))
+        }
+        None => {
+            let parsed = discovery::from_config(&config.config.endpoints);
+            for note in &parsed.notes {
+                tracing::warn!("{}: {note}", config.path.display());
+            }
+            Ok((parsed, None))
+        }
+    }
 }
 
 impl LiveFleet {
@@ -105,32 +172,7 @@ impl LiveFleet {
             return Err("the live fleet must be started on a tokio runtime".into());
         }
         let fleet = &config.config.fleet;
-        let (parsed, watch) = match &fleet.discovery_file {
-            Some(file) => {
-                if !config.config.endpoints.is_empty() {
-                    return Err(format!(
-                        "{}: [fleet] discovery_file and [[endpoints]] are both given; the \
-                         fleet comes from one of them",
-                        config.path.display()
-                    ));
-                }
-                let path = config.base_dir().join(file);
-                let failed = |e: String| format!("discovery file {}: {e}", path.display());
-                let content = discovery::read_file(&path).map_err(failed)?;
-                let parsed = discovery::parse(&content).map_err(failed)?;
-                for note in &parsed.notes {
-                    tracing::warn!("discovery file {}: {note}", path.display());
-                }
-                (parsed, Some(discovery::FileWatch::new(path, content)))
-            }
-            None => {
-                let parsed = discovery::from_config(&config.config.endpoints);
-                for note in &parsed.notes {
-                    tracing::warn!("{}: {note}", config.path.display());
-                }
-                (parsed, None)
-            }
-        };
+        let (parsed, watch) = membership(config)?;
         let scraping = fleet.scrape_interval_ms > 0;
         if scraping && fleet.scrape_timeout_ms == 0 {
             return Err(format!(
@@ -153,8 +195,20 @@ impl LiveFleet {
                 .then(|| Duration::from_millis(fleet.stale_after_ms)),
         };
         let (tracker, state) = tracker::Tracker::new(settings, parsed.targets);
-        let task = tokio::spawn(tracker.run(watch));
-        Ok(LiveFleet { state, task })
+        let (replace, replaced) = mpsc::unbounded_channel();
+        let task = tokio::spawn(tracker.run(watch, replaced));
+        Ok(LiveFleet {
+            state,
+            task,
+            replace,
+        })
+    }
+
+    /// A handle that replaces the endpoints while the fleet runs.
+    pub fn membership_handle(&self) -> Membership {
+        Membership {
+            replace: self.replace.clone(),
+        }
     }
 
     /// Follows every change.

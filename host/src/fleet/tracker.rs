@@ -151,8 +151,14 @@ impl Tracker {
         (tracker, receiver)
     }
 
-    /// Runs until aborted. Dropping the future aborts every scraper with it.
-    pub(crate) async fn run(mut self, mut watch: Option<FileWatch>) {
+    /// Runs until aborted. Dropping the future aborts every scraper with it. A membership
+    /// sent on `replaced` (by a config reload) takes the place of the endpoints and of the
+    /// file watch.
+    pub(crate) async fn run(
+        mut self,
+        mut watch: Option<FileWatch>,
+        mut replaced: mpsc::UnboundedReceiver<(Vec<Target>, Option<FileWatch>)>,
+    ) {
         let (report_tx, mut reports) = mpsc::channel::<Report>(256);
         let mut scrapers = JoinSet::new();
         for index in 0..self.tracked.len() {
@@ -174,6 +180,11 @@ impl Tracker {
                         self.set_targets(targets, &mut scrapers, &report_tx);
                         self.publish_if_changed(Instant::now());
                     }
+                }
+                Some((targets, new_watch)) = replaced.recv() => {
+                    watch = new_watch;
+                    self.set_targets(targets, &mut scrapers, &report_tx);
+                    self.publish_if_changed(Instant::now());
                 }
                 Some(report) = reports.recv() => self.record(report),
                 _ = round.tick(), if scrape_period.is_some() => {

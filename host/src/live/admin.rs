@@ -1,7 +1,8 @@
 //! The operator-facing routes of both live drivers, and the listeners serving them:
 //! `/metrics`, `/health` and `/ready` on the metrics listener, and the admin API (bound to
 //! loopback by default) with recent decision records, per-plugin counters, each plugin's
-//! `state`, the fleet and the effective config.
+//! `state`, the fleet, the effective config and the config reload (`GET /reload` shows the
+//! running generation, `POST /reload` reloads).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -20,12 +21,14 @@ use crate::live::connection::Guard;
 use crate::live::listen::accept;
 use crate::live::metrics::Metrics;
 use crate::live::metrics::RequestOutcome;
+use crate::live::reload::{libraries_json, Reloaded, Reloader};
 use crate::live::response::{self, ApiError};
 use crate::live::LiveScheduler;
 
 /// What the operator-facing routes read: the shared state of a live driver.
 pub trait Observed: Send + Sync + 'static {
     fn live(&self) -> &Arc<LiveScheduler>;
+    fn reloader(&self) -> &Arc<Reloader>;
     fn fleet(&self) -> Arc<FleetState>;
     fn metrics(&self) -> &Metrics;
 }
@@ -44,7 +47,6 @@ pub(crate) struct OperatorListeners {
 pub(crate) fn spawn_operator_routes<O: Observed>(
     observed: Arc<O>,
     listeners: OperatorListeners,
-    effective: Arc<String>,
     draining: Arc<AtomicBool>,
     stopped: watch::Receiver<bool>,
     drain: Duration,
@@ -69,7 +71,7 @@ pub(crate) fn spawn_operator_routes<O: Observed>(
             drain,
             guard,
             None,
-            move |request| admin(observed.clone(), effective.clone(), request),
+            move |request| admin(observed.clone(), request),
         )));
     }
     tasks
@@ -89,7 +91,9 @@ pub async fn observe<O: Observed>(
             let fleet = router.fleet();
             response::text(
                 StatusCode::OK,
-                router.metrics().render(router.live(), &fleet),
+                router
+                    .metrics()
+                    .render(router.live(), &fleet, router.reloader()),
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
             )
         }
@@ -121,9 +125,17 @@ pub async fn observe<O: Observed>(
 /// The admin API's routes.
 pub async fn admin<O: Observed>(
     router: Arc<O>,
-    effective_config: Arc<String>,
     request: Request<Incoming>,
 ) -> Response<Full<Bytes>> {
+    if request.uri().path() == "/reload" && request.method() == Method::POST {
+        let reloaded = router.reloader().reload_async("POST /reload").await;
+        let status = match reloaded {
+            Reloaded::Applied { .. } => StatusCode::OK,
+            Reloaded::Refused { .. } => StatusCode::CONFLICT,
+        };
+        let libraries = router.reloader().libraries();
+        return response::json(status, &reloaded.to_json(&libraries));
+    }
     if let Some(refusal) = get_only(&request) {
         return refusal;
     }
@@ -148,10 +160,11 @@ pub async fn admin<O: Observed>(
                 .live()
                 .plugin_stats()
                 .into_iter()
-                .map(|(label, type_name, stats)| {
+                .map(|(label, type_name, digest, stats)| {
                     json!({
                         "plugin": label,
                         "type": type_name,
+                        "library_sha256": digest,
                         "calls": stats.calls,
                         "errors": stats.errors,
                         "timeouts": stats.timeouts,
@@ -218,10 +231,26 @@ pub async fn admin<O: Observed>(
         }
         "/config" => response::text(
             StatusCode::OK,
-            effective_config.to_string(),
+            router.reloader().effective().to_string(),
             "text/plain; charset=utf-8",
         ),
-        _ => unknown_route("routes: /decisions[?limit=N] /plugins /plugins/state /fleet /config"),
+        "/reload" => {
+            let reloader = router.reloader();
+            let (applied, refused) = reloader.counts();
+            response::json(
+                StatusCode::OK,
+                &json!({
+                    "generation": reloader.generation(),
+                    "applied": applied,
+                    "refused": refused,
+                    "libraries": libraries_json(&reloader.libraries()),
+                }),
+            )
+        }
+        _ => unknown_route(
+            "routes: /decisions[?limit=N] /plugins /plugins/state /fleet /config /reload \
+             (GET shows the config generation, POST reloads the config)",
+        ),
     }
 }
 

@@ -28,7 +28,7 @@ use super::clock::RealClock;
 use crate::fleet::FleetState;
 use crate::pipeline::record::DecisionTrace;
 use crate::pipeline::scheduler::PluginStats;
-use crate::pipeline::{Decision, Fleet, Rejection, Request, Scheduler};
+use crate::pipeline::{Decision, Fleet, Pipeline, Rejection, Request, Scheduler};
 use crate::replay::ReplayOutput;
 
 /// How long an endpoint that refused a connection is left out of new decisions.
@@ -360,6 +360,22 @@ impl LiveScheduler {
         inner.apply_fleet();
     }
 
+    /// The pipeline new requests go through.
+    pub fn pipeline(&self) -> Arc<Pipeline> {
+        self.lock().scheduler.shared_pipeline()
+    }
+
+    /// Makes `pipeline` the one new requests go through, between two decisions: requests
+    /// waiting in a window are decided first, by the pipeline they entered.
+    pub fn replace_pipeline(&self, pipeline: Arc<Pipeline>) {
+        let mut inner = self.lock();
+        let now = self.clock.now_ms();
+        let started = Instant::now();
+        let decisions = inner.scheduler.replace_pipeline(pipeline, now);
+        let cost = started.elapsed() / decisions.len().max(1) as u32;
+        self.deliver(&mut inner, decisions, cost);
+    }
+
     /// Requests in flight per endpoint id, and in total.
     pub fn in_flight(&self) -> (Vec<(String, u32)>, u32) {
         let inner = self.lock();
@@ -372,8 +388,8 @@ impl LiveScheduler {
         (per, inner.total_in_flight)
     }
 
-    /// Each plugin's label, type name and counters.
-    pub fn plugin_stats(&self) -> Vec<(String, String, PluginStats)> {
+    /// Each plugin's label, type name, library digest (`None` for a built-in) and counters.
+    pub fn plugin_stats(&self) -> Vec<(String, String, Option<String>, PluginStats)> {
         let inner = self.lock();
         let pipeline = inner.scheduler.pipeline();
         inner
@@ -381,7 +397,14 @@ impl LiveScheduler {
             .stats()
             .into_iter()
             .zip(&pipeline.plugins)
-            .map(|((label, stats), plugin)| (label, plugin.type_name.clone(), stats))
+            .map(|((label, stats), plugin)| {
+                (
+                    label,
+                    plugin.type_name.clone(),
+                    plugin.digest.clone(),
+                    stats,
+                )
+            })
             .collect()
     }
 

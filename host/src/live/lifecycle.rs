@@ -1,26 +1,27 @@
 //! The lifecycle of a live driver: what it starts on (the plugin libraries, the effective
-//! config, the fleet and the scheduler on the real clock) and the signal that stops it.
+//! config, the fleet and the scheduler on the real clock), the signal that reloads its config
+//! and the signals that stop it.
 
 use std::sync::Arc;
 
 use crate::config::LoadedConfig;
 use crate::fleet::LiveFleet;
+use crate::live::reload::{reload_on_hangup, Reloader};
 use crate::live::{Limits, LiveScheduler, RealClock};
 use crate::pipeline::{build, load_registry, Fleet, Options, Scheduler};
-use crate::plugins::Registry;
 
-/// What a live driver runs on: the plugin libraries (kept loaded until the process exits),
-/// the effective config, the fleet and the scheduler on the real clock.
+/// What a live driver runs on: the fleet, the scheduler on the real clock and the reloader
+/// (which holds the plugin libraries and the effective config of the running generation).
 pub(crate) struct LiveSetup {
-    pub registry: Registry,
-    pub effective: Arc<String>,
+    pub reloader: Arc<Reloader>,
     pub fleet: LiveFleet,
     pub live: Arc<LiveScheduler>,
 }
 
 impl LiveSetup {
     /// Loads the libraries, wires the pipeline, starts the fleet and the scheduler with the
-    /// `[serve]` limits. `records_needed` keeps at least one decision record per request.
+    /// `[serve]` limits, and reloads on SIGHUP from then on. `records_needed` keeps at least
+    /// one decision record per request.
     pub async fn start(
         config: &LoadedConfig,
         options: &Options,
@@ -48,9 +49,17 @@ impl LiveSetup {
             },
             keep_records,
         );
-        Ok(LiveSetup {
+        let reloader = Arc::new(Reloader::new(
+            config,
+            options,
+            live.clone(),
+            fleet.membership_handle(),
             registry,
             effective,
+        ));
+        reload_on_hangup(Arc::downgrade(&reloader))?;
+        Ok(LiveSetup {
+            reloader,
             fleet,
             live,
         })

@@ -12,6 +12,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use crate::fleet::FleetState;
+use crate::live::reload::Reloader;
 use crate::live::LiveScheduler;
 
 type Labels = Vec<(&'static str, String)>;
@@ -222,7 +223,7 @@ impl Metrics {
 
     /// The whole exposition: the request-path metrics plus the scheduler's and the fleet's
     /// state as of now.
-    pub fn render(&self, live: &LiveScheduler, fleet: &FleetState) -> String {
+    pub fn render(&self, live: &LiveScheduler, fleet: &FleetState, reload: &Reloader) -> String {
         let mut registry = Registry::with_prefix("switchyard");
         registry.register(
             "requests",
@@ -332,7 +333,7 @@ impl Metrics {
         let switched_off = Family::<Labels, Gauge>::default();
         let timed_seconds = Family::<Labels, Counter<f64, AtomicU64>>::default();
         let timed_calls = Family::<Labels, Counter>::default();
-        for (label, type_name, stats) in live.plugin_stats() {
+        for (label, type_name, _, stats) in live.plugin_stats() {
             let labels = vec![("plugin", label), ("type", type_name)];
             calls.get_or_create(&labels).inc_by(stats.calls);
             errors.get_or_create(&labels).inc_by(stats.errors);
@@ -415,6 +416,43 @@ impl Metrics {
         let endpoints = Gauge::<i64>::default();
         endpoints.set(fleet.members.len() as i64);
         registry.register("endpoints", "Endpoints in the fleet", endpoints);
+
+        let generation = Gauge::<i64>::default();
+        generation.set(reload.generation() as i64);
+        registry.register(
+            "config_generation",
+            "The running config's generation: 1 at start, one more per reload applied",
+            generation,
+        );
+        let reloads = Family::<Labels, Counter>::default();
+        let (applied, refused) = reload.counts();
+        reloads
+            .get_or_create(&vec![("result", "applied".to_string())])
+            .inc_by(applied);
+        reloads
+            .get_or_create(&vec![("result", "refused".to_string())])
+            .inc_by(refused);
+        registry.register(
+            "config_reloads",
+            "Config reloads (SIGHUP or POST /reload) by result: applied, or refused with the \
+             running config kept",
+            reloads,
+        );
+        let libraries = Family::<Labels, Gauge>::default();
+        for library in reload.libraries() {
+            libraries
+                .get_or_create(&vec![
+                    ("library", library.path.display().to_string()),
+                    ("digest", library.digest),
+                ])
+                .set(1);
+        }
+        registry.register(
+            "plugin_library_info",
+            "1 for each plugin library the running config loaded, with the SHA-256 of the \
+             bytes that run",
+            libraries,
+        );
 
         let mut text = String::new();
         // Writing into a String cannot fail.

@@ -1,8 +1,8 @@
 //! What the real-time drivers, `serve` and `ext-proc`, share: the real clock, reading
 //! inference bodies, the owner of the scheduler on the real clock and the lifecycle of a
 //! dispatched request (charged at dispatch, released exactly once); the metrics, request ids
-//! and the errors a driver answers itself; the operator routes; starting and stopping, the
-//! listeners with their accept loop and connection guard. The drivers sit side by side on this
+//! and the errors a driver answers itself; the operator routes; starting, reloading the config
+//! in place and stopping, the listeners with their accept loop and connection guard. The drivers sit side by side on this
 //! layer: neither imports from the other.
 
 pub(crate) mod admin;
@@ -15,6 +15,7 @@ pub mod journal;
 pub(crate) mod lifecycle;
 pub(crate) mod listen;
 pub(crate) mod metrics;
+pub mod reload;
 pub(crate) mod response;
 
 pub use clock::RealClock;

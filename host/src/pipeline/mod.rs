@@ -9,4 +9,4 @@ pub mod wiring;
 
 pub use request::{ChatMessage, Endpoint, Fleet, Prompt, Request};
 pub use scheduler::{Decision, Rejection, Scheduler};
-pub use wiring::{build, load_registry, Options, Pipeline};
+pub use wiring::{build, build_from, load_registry, Options, Pipeline};

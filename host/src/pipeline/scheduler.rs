@@ -292,6 +292,8 @@ struct Window {
 struct Dispatched {
     request: Admitted,
     endpoint: usize,
+    /// The pipeline that placed it: its completion goes to the instances that charged it.
+    pipeline: Arc<Pipeline>,
 }
 
 /// Buffers reused from one decision to the next.
@@ -360,6 +362,10 @@ impl Scheduler {
 
     pub fn pipeline(&self) -> &Pipeline {
         &self.pipeline
+    }
+
+    pub fn shared_pipeline(&self) -> Arc<Pipeline> {
+        Arc::clone(&self.pipeline)
     }
 
     /// Replaces the fleet for requests submitted from now on. Endpoints keep their host index
@@ -584,8 +590,25 @@ impl Scheduler {
             .request
             .view(done.request.prompt_views(), now_ms, false);
         let endpoint = done.request.fleet.view(done.endpoint);
-        for position in 0..self.pipeline.producers.len() {
-            let plugin = self.pipeline.producers[position];
+        let placed_by = Arc::clone(&done.pipeline);
+        let current = Arc::ptr_eq(&placed_by, &self.pipeline);
+        for &old in &placed_by.producers {
+            // Placed before a reload: only an instance the reload kept has its charge; one
+            // the reload replaced is gone with its state, and a new one never saw the request.
+            let plugin = if current {
+                old
+            } else {
+                let object = &placed_by.plugins[old].object;
+                match self
+                    .pipeline
+                    .plugins
+                    .iter()
+                    .position(|p| Arc::ptr_eq(&p.object, object))
+                {
+                    Some(plugin) => plugin,
+                    None => continue,
+                }
+            };
             if self.skips(plugin) {
                 continue;
             }
@@ -597,6 +620,36 @@ impl Scheduler {
             self.account(plugin, Entry::Completed, &result);
         }
         true
+    }
+
+    /// Runs the requests of every open window through the current pipeline now, then makes
+    /// `pipeline` the one later requests go through. Instances `pipeline` shares with the
+    /// current one keep their counters; requests dispatched before complete on the instances
+    /// that placed them. Returns the decisions of the flushed windows.
+    pub fn replace_pipeline(&mut self, pipeline: Arc<Pipeline>, now_ms: f64) -> Vec<Decision> {
+        let mut decisions = Vec::new();
+        // A flushed request may park in a later producer's window: flush until none is open.
+        while self.windows.iter().any(Option::is_some) {
+            for window in self.windows.iter_mut().flatten() {
+                window.seal_ms = window.seal_ms.min(now_ms);
+            }
+            decisions.extend(self.advance(now_ms));
+        }
+        let stats = pipeline
+            .plugins
+            .iter()
+            .map(|new| {
+                self.pipeline
+                    .plugins
+                    .iter()
+                    .position(|old| Arc::ptr_eq(&old.object, &new.object))
+                    .map_or_else(PluginStats::default, |old| self.stats[old])
+            })
+            .collect();
+        self.stats = stats;
+        self.windows = pipeline.producers.iter().map(|_| None).collect();
+        self.pipeline = pipeline;
+        decisions
     }
 
     /// Whether a producer's calls are skipped: switched off, or work the host does itself.
@@ -904,6 +957,7 @@ impl Scheduler {
             Dispatched {
                 endpoint: chosen[0],
                 request: admitted,
+                pipeline: Arc::clone(&self.pipeline),
             },
         );
         Decision {

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
+use std::sync::Arc;
 use switchyard_plugin_api::sdk::extensions;
 
 use switchyard_plugin_api::{
@@ -32,7 +33,12 @@ pub struct WiredPlugin {
     pub kind: PluginKind,
     pub source: Source,
     pub stability: Stability,
-    pub object: PluginInstance,
+    /// Shared with the pipelines a reload builds while the instance stays unchanged.
+    pub object: Arc<PluginInstance>,
+    /// SHA-256 of the library the instance comes from; `None` for a built-in type.
+    pub digest: Option<String>,
+    /// The JSON parameters the instance was created with.
+    pub parameters: String,
     pub declarations: Declarations,
     /// With a batch window: the quiet gap after which the window seals early (the
     /// `batch_quiet` capability, since API 1.2); `None` for the fixed window.
@@ -193,6 +199,18 @@ pub fn build(
     registry: &Registry,
     options: &Options,
 ) -> Result<Pipeline, ConfigError> {
+    build_from(config, registry, options, None)
+}
+
+/// As [`build`], taking over from `previous` every instance whose name, type, library bytes
+/// and parameters are unchanged instead of creating it again, so its state (an index, the
+/// charges of requests in flight) carries on. Every other instance is created fresh.
+pub fn build_from(
+    config: &LoadedConfig,
+    registry: &Registry,
+    options: &Options,
+    previous: Option<&Pipeline>,
+) -> Result<Pipeline, ConfigError> {
     let allow_alpha =
         options.allow_experimental_plugins || config.config.allow_experimental_plugins;
     let mut plugins = Vec::new();
@@ -218,9 +236,9 @@ pub fn build(
                 .at_line(config.plugin_line(index, Some(&unknown.0)))
                 .plugin(&entry.name, &entry.type_name));
         }
-        let object = plugin_type
-            .create(&entry.name, &parameters_json(&entry.parameters))
-            .map_err(|e| {
+        let parameters = parameters_json(&entry.parameters);
+        let object =
+            reuse_or_create(previous, &entry.name, plugin_type, &parameters).map_err(|e| {
                 let field = e.field.as_str();
                 let mut message = e.message.to_string();
                 if let Some(doc) = plugin_type.parameters().iter().find(|p| p.name == field) {
@@ -237,11 +255,12 @@ pub fn build(
             entry.name.clone(),
             plugin_type,
             object,
+            parameters,
             false,
         ));
     }
 
-    create_default_producers(config, registry, allow_alpha, &mut plugins)?;
+    create_default_producers(config, registry, allow_alpha, previous, &mut plugins)?;
     let rows = assign_rows(&mut plugins);
     let producers = order_producers(config, &plugins)?;
     let profile = config.config.profiles.first().cloned();
@@ -309,10 +328,34 @@ fn batch_quiet_ms(object: &PluginInstance, window_ms: u64) -> Option<u64> {
     (1..window_ms).contains(&quiet).then_some(quiet)
 }
 
+/// The instance of `previous` named `name` when it has the same type, library bytes and
+/// parameters, else a new one.
+fn reuse_or_create(
+    previous: Option<&Pipeline>,
+    name: &str,
+    plugin_type: &crate::plugins::PluginType,
+    parameters: &str,
+) -> Result<Arc<PluginInstance>, switchyard_plugin_api::PluginError> {
+    let same = previous.and_then(|pipeline| {
+        pipeline.plugins.iter().find(|p| {
+            p.name == name
+                && p.type_name == plugin_type.name()
+                && p.source == plugin_type.source
+                && p.digest == plugin_type.digest
+                && p.parameters == parameters
+        })
+    });
+    match same {
+        Some(wired) => Ok(wired.object.clone()),
+        None => plugin_type.create(name, parameters).map(Arc::new),
+    }
+}
+
 fn wire_instance(
     name: String,
     plugin_type: &crate::plugins::PluginType,
-    object: PluginInstance,
+    object: Arc<PluginInstance>,
+    parameters: String,
     auto_created: bool,
 ) -> WiredPlugin {
     let call_label = label(&name, plugin_type.name());
@@ -337,6 +380,8 @@ fn wire_instance(
         source: plugin_type.source.clone(),
         stability: plugin_type.stability(),
         object,
+        digest: plugin_type.digest.clone(),
+        parameters,
         declarations,
         batch_quiet_ms,
         auto_created,
@@ -354,6 +399,7 @@ fn create_default_producers(
     config: &LoadedConfig,
     registry: &Registry,
     allow_alpha: bool,
+    previous: Option<&Pipeline>,
     plugins: &mut Vec<WiredPlugin>,
 ) -> Result<(), ConfigError> {
     loop {
@@ -422,17 +468,19 @@ fn create_default_producers(
         if plugin_type.stability() == Stability::Alpha && !allow_alpha {
             return Err(error(alpha_refusal(producer_name)));
         }
-        let object = plugin_type.create(producer_name, "null").map_err(|e| {
-            error(format!(
-                "creating the default producer '{producer_name}' (required by '{consumer}') \
+        let object =
+            reuse_or_create(previous, producer_name, plugin_type, "null").map_err(|e| {
+                error(format!(
+                    "creating the default producer '{producer_name}' (required by '{consumer}') \
                  failed: {e}"
-            ))
-        })?;
+                ))
+            })?;
         tracing::debug!(producer = producer_name, consumer, %key, "created default producer");
         plugins.push(wire_instance(
             producer_name.to_string(),
             plugin_type,
             object,
+            "null".to_string(),
             true,
         ));
     }
@@ -658,7 +706,8 @@ fn resolve_profile(
                     plugins.push(wire_instance(
                         DEFAULT_PICKER.to_string(),
                         plugin_type,
-                        object,
+                        Arc::new(object),
+                        "null".to_string(),
                         true,
                     ));
                     plugins.len() - 1
@@ -758,5 +807,57 @@ mod tests {
             "seals no earlier than the window"
         );
         assert_eq!(quiet_gap(Some(500)), None);
+    }
+
+    fn wired(text: &str, previous: Option<&super::Pipeline>) -> super::Pipeline {
+        let config =
+            crate::config::LoadedConfig::parse(std::path::Path::new("reload.toml"), text.into())
+                .expect("parses");
+        let registry = crate::plugins::Registry::with_builtins();
+        super::build_from(&config, &registry, &super::Options::default(), previous).expect("builds")
+    }
+
+    fn shared(a: &super::Pipeline, b: &super::Pipeline, name: &str) -> bool {
+        let object = |p: &super::Pipeline| p.plugins[p.find(name).expect("wired")].object.clone();
+        std::sync::Arc::ptr_eq(&object(a), &object(b))
+    }
+
+    #[test]
+    fn a_rebuild_keeps_the_instances_whose_type_name_and_parameters_are_unchanged() {
+        let first = wired(
+            r#"
+            [[plugins]]
+            type = "inflight-load-producer"
+            [[plugins]]
+            type = "load-aware-scorer"
+            parameters = { threshold = 10 }
+            "#,
+            None,
+        );
+        let second = wired(
+            r#"
+            [[plugins]]
+            type = "inflight-load-producer"
+            [[plugins]]
+            type = "load-aware-scorer"
+            parameters = { threshold = 20 }
+            "#,
+            Some(&first),
+        );
+        assert!(shared(&first, &second, "inflight-load-producer"));
+        assert!(!shared(&first, &second, "load-aware-scorer"));
+        let renamed = wired(
+            r#"
+            [[plugins]]
+            name = "load"
+            type = "inflight-load-producer"
+            [[plugins]]
+            type = "load-aware-scorer"
+            parameters = { threshold = 20 }
+            "#,
+            Some(&second),
+        );
+        assert!(shared(&second, &renamed, "load-aware-scorer"));
+        assert!(renamed.find("inflight-load-producer").is_none());
     }
 }

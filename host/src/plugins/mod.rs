@@ -4,7 +4,8 @@
 pub mod builtin;
 pub mod crash_note;
 pub mod inspect;
+pub mod loaded;
 pub mod registry;
 pub mod supply;
 
-pub use registry::{LibraryChecks, PluginType, Registry, RegistryError, Source};
+pub use registry::{LibraryChecks, LibraryFile, PluginType, Registry, RegistryError, Source};

@@ -6,7 +6,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use switchyard_plugin_api::loading::{
-    load_library_checked, tidy_path, LoadError, LoadProblem, LoadedLibrary,
+    read_library, tidy_path, LoadError, LoadProblem, LoadedLibrary,
 };
 use switchyard_plugin_api::sdk::PluginFactory;
 use switchyard_plugin_api::{
@@ -43,6 +43,8 @@ enum Maker {
 pub struct PluginType {
     pub info: PluginTypeInfo,
     pub source: Source,
+    /// SHA-256 of the library's bytes; `None` for a built-in type.
+    pub digest: Option<String>,
     pub api_version: ApiVersion,
     maker: Maker,
 }
@@ -157,10 +159,18 @@ impl LibraryChecks {
     }
 }
 
+/// A library file a registry loaded and the SHA-256 of the bytes it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LibraryFile {
+    pub path: PathBuf,
+    pub digest: String,
+}
+
 /// All plugin types known to this run, by type name.
 #[derive(Clone, Default)]
 pub struct Registry {
     types: BTreeMap<String, PluginType>,
+    libraries: Vec<LibraryFile>,
 }
 
 impl Registry {
@@ -175,6 +185,7 @@ impl Registry {
             let added = registry.add(PluginType {
                 info,
                 source: Source::Builtin,
+                digest: None,
                 api_version: ApiVersion::CURRENT,
                 maker: Maker::Builtin(factory),
             });
@@ -227,26 +238,44 @@ impl Registry {
                 }));
             }
         }
-        let pin = checks.sha256.as_deref();
-        let library = load_library_checked(path, |bytes| match pin {
-            Some(expected) => super::supply::check_sha256(bytes, expected),
-            None => Ok(()),
-        })
-        .map_err(|error| {
+        let refused = |error: LoadError| {
             tracing::debug!(library = %path.display(), "full loader report:\n{}", error.detail);
             RegistryError::Refused(error)
-        })?;
-        library.connect_host(HostCallbacks { log: plugin_log });
-        let source = Source::Library(path.canonicalize().unwrap_or_else(|_| path.to_path_buf()));
+        };
+        let bytes = read_library(path).map_err(refused)?;
+        if let Some(expected) = checks.sha256.as_deref() {
+            super::supply::check_sha256(&bytes, expected).map_err(|reason| {
+                refused(LoadError {
+                    path: tidy_path(path),
+                    problem: LoadProblem::Other(reason),
+                    detail: String::new(),
+                })
+            })?;
+        }
+        let digest = super::supply::sha256_hex(&bytes);
+        let library = super::loaded::open(path, &bytes, &digest, HostCallbacks { log: plugin_log })
+            .map_err(refused)?;
+        let file = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+        self.libraries.push(LibraryFile {
+            path: file.clone(),
+            digest: digest.clone(),
+        });
+        let source = Source::Library(file);
         for info in library.types() {
             self.add(PluginType {
                 info,
                 source: source.clone(),
+                digest: Some(digest.clone()),
                 api_version: library.api_version(),
                 maker: Maker::Library(library),
             })?;
         }
         Ok(())
+    }
+
+    /// The library files loaded, in config order, with the digest of the bytes that run.
+    pub fn libraries(&self) -> &[LibraryFile] {
+        &self.libraries
     }
 
     pub fn get(&self, type_name: &str) -> Option<&PluginType> {

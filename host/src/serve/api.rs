@@ -22,6 +22,7 @@ use crate::live::body::{self, Api};
 use crate::live::ids::{RequestIds, REQUEST_ID};
 use crate::live::journal::Journal;
 use crate::live::metrics::{CloseReason, Metrics, RequestOutcome, Tally};
+use crate::live::reload::Reloader;
 use crate::live::response::{json, ApiError};
 use crate::live::LiveScheduler;
 use crate::pipeline;
@@ -37,6 +38,7 @@ const MODELS_TIMEOUT: Duration = Duration::from_secs(2);
 /// Everything a request handler needs; shared by every connection.
 pub struct Router {
     pub live: Arc<LiveScheduler>,
+    pub reloader: Arc<Reloader>,
     pub fleet: LiveFleet,
     pub client: Client,
     pub metrics: Metrics,
@@ -50,6 +52,9 @@ pub struct Router {
 impl Observed for Router {
     fn live(&self) -> &Arc<LiveScheduler> {
         &self.live
+    }
+    fn reloader(&self) -> &Arc<Reloader> {
+        &self.reloader
     }
     fn fleet(&self) -> Arc<FleetState> {
         self.fleet.current()

@@ -64,8 +64,7 @@ pub async fn run(
     settings.listen = listen.to_string();
 
     let LiveSetup {
-        registry,
-        effective,
+        reloader,
         fleet,
         live,
     } = LiveSetup::start(&config, &options, serve.seed, settings.decision_header).await?;
@@ -92,6 +91,7 @@ pub async fn run(
     let operator_guard = Guard::new(&settings, None, None);
     let router = Arc::new(Router {
         live,
+        reloader,
         fleet,
         client: upstream::client(),
         metrics,
@@ -131,7 +131,6 @@ pub async fn run(
             metrics: metrics_listener,
             admin: admin_listener,
         },
-        effective,
         draining.clone(),
         observers_stopped,
         drain,
@@ -166,8 +165,6 @@ pub async fn run(
     if let Some(task) = journal_task {
         task.finish().await;
     }
-    // The plugin libraries stay loaded until the process exits.
-    std::mem::forget(registry);
     tracing::info!("stopped");
     Ok(())
 }

@@ -22,6 +22,7 @@ mod hashing_through_libraries;
 mod library_refusals;
 mod mock_replica;
 mod plugin_readmes;
+mod reload;
 mod replay_matches_simulate;
 mod scorer_conformance;
 mod serve;
