@@ -26,7 +26,7 @@ use tokio::sync::{oneshot, watch, Notify};
 
 use super::clock::RealClock;
 use crate::fleet::FleetState;
-use crate::pipeline::record::DecisionTrace;
+use crate::pipeline::record::{DecisionTrace, TracePool};
 use crate::pipeline::scheduler::PluginStats;
 use crate::pipeline::{Decision, Fleet, Pipeline, Rejection, Request, Scheduler};
 use crate::replay::ReplayOutput;
@@ -177,6 +177,8 @@ pub struct LiveScheduler {
     clock: RealClock,
     limits: Limits,
     keep_records: usize,
+    /// Where the trace of a record pushed out of the ring goes, for a later decision.
+    traces: Arc<TracePool>,
 }
 
 impl std::fmt::Debug for LiveScheduler {
@@ -198,6 +200,7 @@ impl LiveScheduler {
         keep_records: usize,
     ) -> Arc<LiveScheduler> {
         scheduler.set_explain(keep_records > 0);
+        let traces = scheduler.trace_pool();
         let fleet = fleet_updates.borrow_and_update().clone();
         let live = Arc::new(LiveScheduler {
             inner: Mutex::new(Inner {
@@ -217,6 +220,7 @@ impl LiveScheduler {
             clock,
             limits,
             keep_records,
+            traces,
         });
         live.lock().apply_fleet();
         tokio::spawn(seal_windows(Arc::downgrade(&live), live.window_due.clone()));
@@ -434,7 +438,8 @@ impl LiveScheduler {
         records.iter().skip(skip).cloned().collect()
     }
 
-    /// Keeps `record` in the ring; the record it pushes out is freed after the lock.
+    /// Keeps `record` in the ring; the record it pushes out is freed after the lock, its
+    /// trace given back to the pool unless a reader still holds it.
     fn file(&self, record: ReplayOutput) -> Arc<ReplayOutput> {
         let record = Arc::new(record);
         let evicted = {
@@ -445,7 +450,13 @@ impl LiveScheduler {
             records.push_back(record.clone());
             evicted
         };
-        drop(evicted);
+        if let Some(trace) = evicted
+            .and_then(|evicted| Arc::try_unwrap(evicted).ok())
+            .and_then(|evicted| evicted.decision)
+            .and_then(|trace| Arc::try_unwrap(trace).ok())
+        {
+            self.traces.give_back(trace);
+        }
         record
     }
 

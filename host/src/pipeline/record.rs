@@ -5,7 +5,8 @@
 //! a few small buffers and no strings, so keeping one for every request costs little. It
 //! becomes a [`DecisionRecord`], with names, only when someone reads it.
 
-use std::sync::Arc;
+use std::ops::Range;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use serde::Serialize;
 use switchyard_plugin_api::AttrValue;
@@ -110,6 +111,10 @@ pub fn attribute_json(value: &switchyard_plugin_api::AttrValue) -> serde_json::V
 }
 
 /// What one decision did, in the scheduler's terms. Serializes as its [`DecisionRecord`].
+///
+/// Per-step lists (attributes written, candidates kept, raw scores) live in flat buffers the
+/// steps index by range, so a trace taken from a [`TracePool`] records a decision without
+/// allocating once its buffers have grown.
 #[derive(Clone)]
 pub struct DecisionTrace {
     pipeline: Arc<Pipeline>,
@@ -119,6 +124,12 @@ pub struct DecisionTrace {
     pub(super) producers: Vec<ProducerTrace>,
     pub(super) filters: Vec<FilterTrace>,
     pub(super) scorers: Vec<ScorerTrace>,
+    /// `(row, slot, value)` of every value a producer wrote, producer after producer.
+    pub(super) attributes: Vec<(u32, u32, AttrValue)>,
+    /// Slots each filter kept, filter after filter.
+    pub(super) kept: Vec<u32>,
+    /// Each scorer's raw scores in `scored` order, scorer after scorer.
+    pub(super) raw: Vec<f64>,
     /// Slots of the candidates left for scoring, in order; each scorer's raw scores and
     /// `totals` follow it.
     pub(super) scored: Vec<u32>,
@@ -139,14 +150,15 @@ pub(super) struct WindowTrace {
 pub(super) struct ProducerTrace {
     pub plugin: usize,
     pub error: Option<String>,
-    /// `(row, slot, value)` of every value it wrote.
-    pub attributes: Vec<(u32, u32, AttrValue)>,
+    /// Its part of the trace's `attributes`.
+    pub attributes: Range<usize>,
 }
 
 #[derive(Debug, Clone)]
 pub(super) struct FilterTrace {
     pub plugin: usize,
-    pub kept: Vec<u32>,
+    /// Its part of the trace's `kept`.
+    pub kept: Range<usize>,
     pub note: String,
     pub error: Option<String>,
 }
@@ -155,9 +167,53 @@ pub(super) struct FilterTrace {
 pub(super) struct ScorerTrace {
     pub plugin: usize,
     pub weight: f64,
-    pub raw: Vec<f64>,
+    /// Its part of the trace's `raw`.
+    pub raw: Range<usize>,
     pub note: String,
     pub error: Option<String>,
+}
+
+/// Traces of records that left the live ring, kept for the next decisions so that recording
+/// costs no allocation in a steady state.
+#[derive(Default)]
+pub struct TracePool {
+    spare: Mutex<Vec<DecisionTrace>>,
+}
+
+/// The most traces a pool keeps; a pool refills as fast as records are evicted, so a few
+/// cover the decisions between two evictions.
+const POOL_SIZE: usize = 64;
+
+impl TracePool {
+    /// An empty trace of a decision of `pipeline` over `endpoints`: a spare one when there is.
+    pub(super) fn take(
+        &self,
+        pipeline: Arc<Pipeline>,
+        endpoints: Arc<[Endpoint]>,
+    ) -> Box<DecisionTrace> {
+        let spare = self
+            .spare
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        Box::new(match spare {
+            Some(mut trace) => {
+                trace.pipeline = pipeline;
+                trace.endpoints = endpoints;
+                trace
+            }
+            None => DecisionTrace::new(pipeline, endpoints),
+        })
+    }
+
+    /// Keeps `trace`'s buffers for a later decision.
+    pub fn give_back(&self, mut trace: DecisionTrace) {
+        trace.clear();
+        let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
+        if spare.len() < POOL_SIZE {
+            spare.push(trace);
+        }
+    }
 }
 
 impl DecisionTrace {
@@ -169,10 +225,82 @@ impl DecisionTrace {
             producers: Vec::new(),
             filters: Vec::new(),
             scorers: Vec::new(),
+            attributes: Vec::new(),
+            kept: Vec::new(),
+            raw: Vec::new(),
             scored: Vec::new(),
             totals: Vec::new(),
             picked: Vec::new(),
         }
+    }
+
+    /// Empties every list, keeping its capacity.
+    fn clear(&mut self) {
+        self.window = None;
+        self.producers.clear();
+        self.filters.clear();
+        self.scorers.clear();
+        self.attributes.clear();
+        self.kept.clear();
+        self.raw.clear();
+        self.scored.clear();
+        self.totals.clear();
+        self.picked.clear();
+    }
+
+    /// Records a producer's step: its error, or the values it wrote (`(row, slot, value)`).
+    pub(super) fn push_producer<'v>(
+        &mut self,
+        plugin: usize,
+        error: Option<String>,
+        written: impl Iterator<Item = (u32, u32, &'v AttrValue)>,
+    ) {
+        let start = self.attributes.len();
+        self.attributes
+            .extend(written.map(|(row, slot, value)| (row, slot, value.clone())));
+        self.producers.push(ProducerTrace {
+            plugin,
+            error,
+            attributes: start..self.attributes.len(),
+        });
+    }
+
+    /// Records a filter's step: the slots it kept.
+    pub(super) fn push_filter(
+        &mut self,
+        plugin: usize,
+        kept: impl Iterator<Item = u32>,
+        note: String,
+        error: Option<String>,
+    ) {
+        let start = self.kept.len();
+        self.kept.extend(kept);
+        self.filters.push(FilterTrace {
+            plugin,
+            kept: start..self.kept.len(),
+            note,
+            error,
+        });
+    }
+
+    /// Records a scorer's step: its raw scores, in the order of the candidates scored.
+    pub(super) fn push_scorer(
+        &mut self,
+        plugin: usize,
+        weight: f64,
+        raw: &[f64],
+        note: String,
+        error: Option<String>,
+    ) {
+        let start = self.raw.len();
+        self.raw.extend_from_slice(raw);
+        self.scorers.push(ScorerTrace {
+            plugin,
+            weight,
+            raw: start..self.raw.len(),
+            note,
+            error,
+        });
     }
 
     fn id(&self, slot: u32) -> String {
@@ -207,8 +335,7 @@ impl DecisionTrace {
                 .map(|p| ProducerRecord {
                     name: self.label(p.plugin),
                     error: p.error.clone(),
-                    attributes: p
-                        .attributes
+                    attributes: self.attributes[p.attributes.clone()]
                         .iter()
                         .map(|(row, slot, value)| AttributeRecord {
                             endpoint: self.id(*slot),
@@ -223,7 +350,10 @@ impl DecisionTrace {
                 .iter()
                 .map(|f| FilterRecord {
                     name: self.label(f.plugin),
-                    kept: f.kept.iter().map(|&slot| self.id(slot)).collect(),
+                    kept: self.kept[f.kept.clone()]
+                        .iter()
+                        .map(|&slot| self.id(slot))
+                        .collect(),
                     note: f.note.clone(),
                     error: f.error.clone(),
                 })
@@ -237,7 +367,7 @@ impl DecisionTrace {
                     scores: self
                         .scored
                         .iter()
-                        .zip(&s.raw)
+                        .zip(&self.raw[s.raw.clone()])
                         .map(|(&slot, &raw)| ScoreEntry {
                             endpoint: self.id(slot),
                             raw,

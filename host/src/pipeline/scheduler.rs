@@ -25,7 +25,7 @@ use switchyard_plugin_api::{
     PromptTokens, RequestView,
 };
 
-use super::record::{DecisionTrace, FilterTrace, ProducerTrace, ScorerTrace, WindowTrace};
+use super::record::{DecisionTrace, TracePool, WindowTrace};
 use super::request::{Endpoint, Fleet, Request};
 use super::tokenize::{prompt_buffers, PromptBuffer};
 use super::wiring::Pipeline;
@@ -327,6 +327,8 @@ pub struct Scheduler {
     fleet: Snapshot,
     rng: SmallRng,
     explain: bool,
+    /// Where records' traces come from and, once the live ring lets them go, return to.
+    traces: Arc<TracePool>,
     /// Open window per position in `Pipeline::producers` (`None`: no open window).
     windows: Vec<Option<Window>>,
     dispatched: HashMap<String, Dispatched>,
@@ -347,6 +349,7 @@ impl Scheduler {
             fleet: Snapshot::new(fleet.endpoints, host_indices),
             rng: SmallRng::seed_from_u64(seed),
             explain: false,
+            traces: Arc::default(),
             windows,
             dispatched: HashMap::new(),
             stats,
@@ -358,6 +361,11 @@ impl Scheduler {
     /// Record every decision (see [`DecisionRecord`]).
     pub fn set_explain(&mut self, explain: bool) {
         self.explain = explain;
+    }
+
+    /// The pool records' traces are taken from; give a trace back once its record is gone.
+    pub fn trace_pool(&self) -> Arc<TracePool> {
+        Arc::clone(&self.traces)
     }
 
     pub fn pipeline(&self) -> &Pipeline {
@@ -481,10 +489,8 @@ impl Scheduler {
 
     fn admit(&mut self, request: Request, fleet: Snapshot, now_ms: f64) -> Vec<Decision> {
         let record = self.explain.then(|| {
-            Box::new(DecisionTrace::new(
-                Arc::clone(&self.pipeline),
-                Arc::clone(&fleet.endpoints),
-            ))
+            self.traces
+                .take(Arc::clone(&self.pipeline), Arc::clone(&fleet.endpoints))
         });
         let mut store = self.scratch.stores.pop().unwrap_or_default();
         fill_absent(&mut store, self.pipeline.rows.len() * fleet.len());
@@ -673,11 +679,7 @@ impl Scheduler {
             if wired.host_native {
                 // Done on admission; the record still shows the step.
                 if let Some(record) = &mut ticket.record {
-                    record.producers.push(ProducerTrace {
-                        plugin,
-                        error: None,
-                        attributes: Vec::new(),
-                    });
+                    record.push_producer(plugin, None, std::iter::empty());
                 }
                 continue;
             }
@@ -718,11 +720,7 @@ impl Scheduler {
             );
             tracing::debug!(producer = %wired.label(), "{message}");
             if let Some(record) = &mut ticket.record {
-                record.producers.push(ProducerTrace {
-                    plugin,
-                    error: Some(message),
-                    attributes: Vec::new(),
-                });
+                record.push_producer(plugin, Some(message), std::iter::empty());
             }
         }
         decisions.push(self.decide(pipeline, ticket, now_ms));
@@ -795,22 +793,20 @@ impl Scheduler {
                 continue;
             };
             let n = ticket.request.fleet.len();
-            let mut attributes = Vec::new();
-            if error.is_none() {
-                for &row in &plugin.produced_rows {
-                    let values = &ticket.store[row as usize * n..][..n];
-                    for (slot, value) in values.iter().enumerate() {
-                        if !value.is_absent() {
-                            attributes.push((row, slot as u32, value.clone()));
-                        }
-                    }
-                }
-            }
-            record.producers.push(ProducerTrace {
-                plugin: plugin_index,
-                error: error.clone(),
-                attributes,
+            let store = &ticket.store;
+            let rows = if error.is_none() {
+                &plugin.produced_rows[..]
+            } else {
+                &[]
+            };
+            let written = rows.iter().flat_map(|&row| {
+                store[row as usize * n..][..n]
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, value)| !value.is_absent())
+                    .map(move |(slot, value)| (row, slot as u32, value))
             });
+            record.push_producer(plugin_index, error.clone(), written);
             if window.is_some() {
                 record.window = window.copied();
             }
@@ -934,7 +930,8 @@ impl Scheduler {
             .map(|&s| admitted.fleet.endpoints[s].id.clone())
             .collect();
         if let Some(record) = &mut record {
-            record.picked = chosen.iter().map(|&slot| slot as u32).collect();
+            record.picked.clear();
+            record.picked.extend(chosen.iter().map(|&slot| slot as u32));
         }
 
         // Dispatch hooks: producers charge what they track against the primary endpoint.
@@ -1011,14 +1008,14 @@ impl Scheduler {
                     .retain(|_| kept.next().copied().unwrap_or(true));
             }
             if let Some(record) = record {
-                record.filters.push(FilterTrace {
-                    plugin: filter,
-                    kept: candidates.iter().map(|e| e.slot).collect(),
-                    note: note.to_string(),
-                    error: result
+                record.push_filter(
+                    filter,
+                    candidates.iter().map(|e| e.slot),
+                    note.to_string(),
+                    result
                         .err()
                         .map(|e| format!("{} (kept every candidate)", e.message)),
-                });
+                );
             }
             if candidates.is_empty() {
                 outcome = Err(Rejection::FilteredOut {
@@ -1071,17 +1068,18 @@ impl Scheduler {
                 *total += clamp_score(*raw) * scorer.weight;
             }
             if let Some(record) = record {
-                record.scorers.push(ScorerTrace {
-                    plugin: scorer.plugin,
-                    weight: scorer.weight,
-                    raw: scores.clone(),
-                    note: note.to_string(),
-                    error: result.err().map(|e| format!("{} (scored 0)", e.message)),
-                });
+                record.push_scorer(
+                    scorer.plugin,
+                    scorer.weight,
+                    &scores,
+                    note.to_string(),
+                    result.err().map(|e| format!("{} (scored 0)", e.message)),
+                );
             }
         }
         if let Some(record) = record {
-            record.scored = candidates.iter().map(|e| e.slot).collect();
+            record.scored.clear();
+            record.scored.extend(candidates.iter().map(|e| e.slot));
             record.totals.clone_from(&totals);
         }
         self.scratch.totals = totals;

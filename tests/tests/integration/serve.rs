@@ -417,6 +417,74 @@ async fn a_spread_burst_through_serve_matches_simulate() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_record_ring_keeps_the_latest_decisions_each_its_own() {
+    // Three records kept: every decision after the third reuses the buffers of a record the
+    // ring let go, and each record still shows only its own request's steps.
+    let replicas = replicas(2, &[]).await;
+    let dir = temp_dir("serve-record-ring");
+    let router = start_router(
+        &dir,
+        &format!("{}{}", burst_pipeline(1), endpoints(&replicas)),
+        "decision_records = 3",
+        &[],
+    )
+    .await;
+    let mut served = Vec::new();
+    for i in 0..9 {
+        let id = format!("ring-{i}");
+        let prompt = format!(
+            "request {i} of the ring test, with a prompt of its own {}",
+            "x".repeat(i * 40)
+        );
+        let response = send(
+            router.api(),
+            "POST",
+            "/v1/completions",
+            &[("x-request-id", &id)],
+            &completion(&prompt, 2, false),
+        )
+        .await;
+        assert_eq!(response.status(), 200);
+        served.push((id, format!("/{}", header(&response, "x-mock-replica"))));
+    }
+    let decisions = json(send(router.admin, "GET", "/decisions?limit=10", &[], "").await).await;
+    let records = decisions.as_array().expect("array");
+    assert_eq!(records.len(), 3, "{decisions}");
+    for (record, (id, replica)) in records.iter().zip(&served[6..]) {
+        assert_eq!(record["id"], id.as_str(), "{decisions}");
+        let decision = &record["decision"];
+        assert_eq!(decision["picked"], serde_json::json!([replica]), "{record}");
+        // One step per plugin of each stage, as in a fresh record.
+        let steps = |stage: &str| decision[stage].as_array().map_or(0, Vec::len);
+        assert_eq!(
+            (steps("producers"), steps("filters"), steps("scorers")),
+            (3, 1, 2),
+            "{record}"
+        );
+        // token-producer writes nothing, the other two one value per candidate.
+        let written: Vec<usize> = decision["producers"]
+            .as_array()
+            .expect("producers")
+            .iter()
+            .map(|p| p["attributes"].as_array().map_or(0, Vec::len))
+            .collect();
+        assert_eq!(written, [0, 2, 2], "{record}");
+        for scorer in decision["scorers"].as_array().expect("scorers") {
+            assert_eq!(
+                scorer["scores"].as_array().map(Vec::len),
+                Some(2),
+                "{record}"
+            );
+        }
+        assert_eq!(
+            decision["totals"].as_array().map(Vec::len),
+            Some(2),
+            "{record}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_openai_shaped_errors() {
     let replicas = replicas(1, &[]).await;
     let dir = temp_dir("serve-errors");
