@@ -116,7 +116,14 @@ impl Lifecycle {
                 return Ok(listener);
             }
         }
-        bind(what, addr).await
+        bind(what, addr).await.map_err(|error| match &self.path {
+            Some(path) if self.takeover.is_none() => format!(
+                "{error} (no process offered its listeners at {}: was the one holding {addr} \
+                 started without --handover, or with another path?)",
+                path.display()
+            ),
+            _ => error,
+        })
     }
 
     /// With `--handover`, offers `listeners` (named as they were opened) to a successor.

@@ -1,7 +1,7 @@
 //! Restart without a gap (`--handover PATH`): `switchyard serve` handed over ten times in a
 //! row under continuous mixed load, each successor loading another build of a plugin library,
 //! with no request lost; `switchyard ext-proc` handed over with a stream in flight; and the
-//! refusals of a bad hand-over path.
+//! errors for a bad hand-over path or a port held by a process that offers nothing.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -415,7 +415,7 @@ async fn ext_proc_hands_over_with_a_stream_in_flight() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hand_over_path_that_is_no_socket_is_refused() {
+async fn bad_hand_over_paths_and_held_ports_are_refused_clearly() {
     let dir = temp_dir("handover-refusals");
     let not_a_socket = dir.join("notes.txt");
     std::fs::write(&not_a_socket, "keep me").expect("file");
@@ -462,5 +462,23 @@ async fn a_hand_over_path_that_is_no_socket_is_refused() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("no-such-dir/handover.sock"), "{stderr}");
+
+    // The API port held by a process that offers nothing at the path.
+    let holder = std::net::TcpListener::bind(("127.0.0.1", port)).expect("port held");
+    let output = Command::new(binary())
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .arg("--handover")
+        .arg(dir.join("handover.sock"))
+        .output()
+        .expect("serve runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("127.0.0.1:{port}")) && stderr.contains("without --handover"),
+        "{stderr}"
+    );
+    drop(holder);
     let _ = std::fs::remove_dir_all(&dir);
 }
