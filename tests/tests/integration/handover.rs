@@ -237,6 +237,10 @@ async fn ten_hand_overs_under_load_lose_no_request() {
             previous_log.contains("handed over to process") && log.contains("taking over"),
             "hand-over {build}:\npredecessor:\n{previous_log}\nsuccessor:\n{log}"
         );
+        assert!(
+            !previous_log.contains("WARN"),
+            "hand-over {build}: the predecessor's drain was not clean\n{previous_log}"
+        );
         windows.push((began, ended));
         // The admin listener was handed over too, and shows the successor's build.
         let effective = body_bytes(send(admin, "GET", "/config", &[], "").await).await;
