@@ -179,13 +179,6 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
         ),
         None => None,
     };
-    let mut offered = vec![
-        ("ext_proc service", &grpc_listener),
-        ("gRPC health service", &health_listener),
-        ("metrics", &metrics_listener),
-    ];
-    offered.extend(admin_listener.as_ref().map(|l| ("admin", l)));
-    lifecycle.offer(&offered)?;
     tracing::info!(
         grpc = %local(&grpc_listener),
         tls = args.secure_serving,
@@ -223,6 +216,14 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
         .max_encoding_message_size(args.grpc_max_send_msg_size);
     // Up to --grpc-max-connections sockets, each with its streams' connections to replicas.
     crate::live::connection::raise_open_file_limit();
+    // Offered last, once nothing more can fail before the listeners are served.
+    let mut offered = vec![
+        ("ext_proc service", &grpc_listener),
+        ("gRPC health service", &health_listener),
+        ("metrics", &metrics_listener),
+    ];
+    offered.extend(admin_listener.as_ref().map(|l| ("admin", l)));
+    lifecycle.offer(&offered)?;
     let grpc_task = tokio::spawn(grpc.add_service(service).serve_with_incoming_shutdown(
         connections::admit(
             grpc_listener,

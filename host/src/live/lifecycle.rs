@@ -126,7 +126,8 @@ impl Lifecycle {
         })
     }
 
-    /// With `--handover`, offers `listeners` (named as they were opened) to a successor.
+    /// With `--handover`, offers `listeners` (named as they were opened) to a successor. Call
+    /// it once nothing more can fail before they are served.
     pub fn offer(&mut self, listeners: &[(&str, &TcpListener)]) -> Result<(), String> {
         if let Some(path) = &self.path {
             self.offer = Some(Offer::start(path, self.command, listeners)?);
