@@ -297,7 +297,7 @@ async fn ten_hand_overs_under_load_lose_no_request() {
         &errors[..errors.len().min(5)]
     );
     assert!(
-        outcomes.len() > 1000 && !during.is_empty(),
+        outcomes.len() > 500 && !during.is_empty(),
         "too little load to judge"
     );
 
