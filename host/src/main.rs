@@ -153,6 +153,11 @@ enum Command {
         /// Write every request as a `replay` input line to this file.
         #[arg(long)]
         journal: Option<PathBuf>,
+        /// Control socket for restarts without a gap: take the listening sockets over from
+        /// the process offering them at this path (it then drains and exits; bind afresh
+        /// when none does), and offer them there to the next one (see docs/operations.md).
+        #[arg(long, value_name = "PATH")]
+        handover: Option<PathBuf>,
     },
     /// The endpoint picker behind Envoy: serves Envoy's ext_proc gRPC protocol with the
     /// reference picker's flags and ports (see docs/ext-proc.md).
@@ -297,6 +302,7 @@ fn run(command: Command) -> Result<(), String> {
             seed,
             log_format: _,
             journal,
+            handover,
         } => {
             let config = read_config(&common.config)?;
             let options = common.options();
@@ -306,6 +312,7 @@ fn run(command: Command) -> Result<(), String> {
                 admin_port,
                 seed,
                 journal,
+                handover,
             };
             runtime()?.block_on(switchyard::serve::run(config, options, serve_options))
         }

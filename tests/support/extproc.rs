@@ -49,49 +49,54 @@ pub async fn start_picker(dir: &Path, config: &str, flags: &[&str]) -> Picker {
     std::fs::write(&path, config).expect("config written");
     let mut last = String::new();
     for _ in 0..START_ATTEMPTS {
-        let (grpc, health, metrics) = (free_port(), free_port(), free_port());
-        let log = std::fs::File::create(dir.join("ext-proc.log")).expect("log file");
-        let mut command = Command::new(binary());
-        command
-            .arg("ext-proc")
-            .arg("--config-file")
-            .arg(&path)
-            .args(["--grpc-port", &grpc.to_string()])
-            .args(["--grpc-health-port", &health.to_string()])
-            .args(["--metrics-port", &metrics.to_string()])
-            .args(["--bind-address", "127.0.0.1"])
-            .arg("--plugin-dir")
-            .arg(plugin_dir());
-        if !flags.iter().any(|f| f.starts_with("--secure-serving")) {
-            command.arg("--secure-serving=false");
-        }
-        let mut child = command
-            .args(flags)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
+        let ports = [free_port(), free_port(), free_port()];
+        let log = dir.join("ext-proc.log");
+        let mut child = picker_command(&path, ports, &log, flags)
             .spawn()
             .expect("ext-proc starts");
-        let metrics = SocketAddr::from(([127, 0, 0, 1], metrics));
+        let [grpc, health, metrics] = ports.map(|port| SocketAddr::from(([127, 0, 0, 1], port)));
         match wait_healthy(&mut child, metrics, "/health").await {
             Ok(()) => {
                 return Picker {
-                    process: Process {
-                        child,
-                        addr: SocketAddr::from(([127, 0, 0, 1], grpc)),
-                    },
-                    health: SocketAddr::from(([127, 0, 0, 1], health)),
+                    process: Process { child, addr: grpc },
+                    health,
                     metrics,
                     dir: dir.to_path_buf(),
                 }
             }
             Err(status) => {
-                let log = std::fs::read_to_string(dir.join("ext-proc.log")).unwrap_or_default();
+                let log = std::fs::read_to_string(&log).unwrap_or_default();
                 last = format!("{status}\n{log}");
             }
         }
     }
     panic!("ext-proc exited early {START_ATTEMPTS} times, last: {last}");
+}
+
+/// `switchyard ext-proc` with the config file `config` on the loopback ports `[grpc, health,
+/// metrics]` and `flags` (plain gRPC unless they say otherwise), logging to `log`.
+pub fn picker_command(config: &Path, ports: [u16; 3], log: &Path, flags: &[&str]) -> Command {
+    let [grpc, health, metrics] = ports;
+    let mut command = Command::new(binary());
+    command
+        .arg("ext-proc")
+        .arg("--config-file")
+        .arg(config)
+        .args(["--grpc-port", &grpc.to_string()])
+        .args(["--grpc-health-port", &health.to_string()])
+        .args(["--metrics-port", &metrics.to_string()])
+        .args(["--bind-address", "127.0.0.1"])
+        .arg("--plugin-dir")
+        .arg(plugin_dir());
+    if !flags.iter().any(|f| f.starts_with("--secure-serving")) {
+        command.arg("--secure-serving=false");
+    }
+    command
+        .args(flags)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).expect("log file"));
+    command
 }
 
 /// A plain-text gRPC channel.

@@ -1,6 +1,7 @@
 //! The ext_proc listener's connections: at most N served at once (the next one is accepted
 //! and then held, unserved, until one of them closes; the ones after it wait in the kernel's
-//! backlog), and a connection with no stream open for the idle timeout closed.
+//! backlog), a connection with no stream open for the idle timeout closed, and accepting
+//! stopped without dropping a connection already accepted.
 
 use std::future::Future;
 use std::io;
@@ -12,7 +13,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit};
 use tokio::time::{Instant, Sleep};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
@@ -83,15 +84,18 @@ impl Drop for Admitted {
 }
 
 /// The connections of `listener`, at most `cap` of them open at once, each closed after
-/// `idle_timeout` without a stream (zero: never).
+/// `idle_timeout` without a stream (zero: never). Once `stop` turns true nothing more is
+/// accepted and the stream ends after the connections already accepted, so the server takes
+/// every one of them up before it drains.
 pub fn admit(
     listener: TcpListener,
     cap: usize,
     idle_timeout: Duration,
     metrics: Metrics,
+    stop: watch::Receiver<bool>,
 ) -> ReceiverStream<io::Result<Admitted>> {
     let (sender, receiver) = mpsc::channel(1);
-    tokio::spawn(accept(listener, cap, idle_timeout, metrics, sender));
+    tokio::spawn(accept(listener, cap, idle_timeout, metrics, sender, stop));
     ReceiverStream::new(receiver)
 }
 
@@ -101,12 +105,18 @@ async fn accept(
     idle_timeout: Duration,
     metrics: Metrics,
     sender: mpsc::Sender<io::Result<Admitted>>,
+    mut stop: watch::Receiver<bool>,
 ) {
     let mut slots = ConnectionSlots::new(cap, "--grpc-max-connections", Some(metrics.clone()));
+    let stopped = async move {
+        let _ = stop.wait_for(|stop| *stop).await;
+    };
+    tokio::pin!(stopped);
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             () = sender.closed() => return,
+            () = &mut stopped => return,
         };
         let stream = match accepted {
             Ok((stream, _)) => stream,

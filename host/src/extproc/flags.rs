@@ -112,6 +112,11 @@ pub struct ExtProcArgs {
     /// Seed of every random choice.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Control socket for restarts without a gap: take the listening sockets over from the
+    /// process offering them at this path (it then drains and exits; bind afresh when none
+    /// does), and offer them there to the next one (see docs/operations.md).
+    #[arg(long, value_name = "PATH")]
+    pub handover: Option<PathBuf>,
 }
 
 impl ExtProcArgs {

@@ -4,8 +4,8 @@
 //! Listeners: the ext_proc gRPC service (`--grpc-port`, TLS unless `--secure-serving=false`),
 //! `grpc.health.v1` (`--grpc-health-port`), `/metrics` `/health` `/ready` (`--metrics-port`)
 //! and, when asked, the admin API on loopback. The fleet, the scheduler on the real clock,
-//! the request lifecycle, the metrics and the operator routes come from `live`, as `serve`'s
-//! do.
+//! the request lifecycle, the metrics, the operator routes and hand-over restarts
+//! (`--handover`) come from `live`, as `serve`'s do.
 
 mod connections;
 mod conversation;
@@ -34,8 +34,8 @@ use crate::config::LoadedConfig;
 use crate::fleet::{FleetState, LiveFleet};
 use crate::live::admin::{spawn_operator_routes, Observed, OperatorListeners};
 use crate::live::ids::{id_prefix, RequestIds};
-use crate::live::lifecycle::{shutdown_signal, LiveSetup};
-use crate::live::listen::{bind, local};
+use crate::live::lifecycle::{Lifecycle, LiveSetup, Stop};
+use crate::live::listen::local;
 use crate::live::metrics::Metrics;
 use crate::live::reload::Reloader;
 use crate::live::LiveScheduler;
@@ -163,15 +163,25 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
     });
 
     let host = args.bind_address;
-    let grpc_listener = bind("ext_proc service", SocketAddr::new(host, args.grpc_port)).await?;
-    let health_listener = bind(
-        "gRPC health service",
-        SocketAddr::new(host, args.grpc_health_port),
-    )
-    .await?;
-    let metrics_listener = bind("metrics", SocketAddr::new(host, args.metrics_port)).await?;
+    let mut lifecycle = Lifecycle::begin("ext-proc", args.handover.as_deref()).await?;
+    let grpc_listener = lifecycle
+        .listen("ext_proc service", SocketAddr::new(host, args.grpc_port))
+        .await?;
+    let health_listener = lifecycle
+        .listen(
+            "gRPC health service",
+            SocketAddr::new(host, args.grpc_health_port),
+        )
+        .await?;
+    let metrics_listener = lifecycle
+        .listen("metrics", SocketAddr::new(host, args.metrics_port))
+        .await?;
     let admin_listener = match args.admin_port {
-        Some(port) => Some(bind("admin", SocketAddr::from(([127, 0, 0, 1], port))).await?),
+        Some(port) => Some(
+            lifecycle
+                .listen("admin", SocketAddr::from(([127, 0, 0, 1], port)))
+                .await?,
+        ),
         None => None,
     };
     tracing::info!(
@@ -211,14 +221,24 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
         .max_encoding_message_size(args.grpc_max_send_msg_size);
     // Up to --grpc-max-connections sockets, each with its streams' connections to replicas.
     crate::live::connection::raise_open_file_limit();
+    // Offered last, once nothing more can fail before the listeners are served.
+    let mut offered = vec![
+        ("ext_proc service", &grpc_listener),
+        ("gRPC health service", &health_listener),
+        ("metrics", &metrics_listener),
+    ];
+    offered.extend(admin_listener.as_ref().map(|l| ("admin", l)));
+    lifecycle.offer(&offered)?;
     let grpc_task = tokio::spawn(grpc.add_service(service).serve_with_incoming_shutdown(
         connections::admit(
             grpc_listener,
             args.grpc_max_connections,
             args.grpc_idle_timeout,
             picker.metrics.clone(),
+            stopped.clone(),
         ),
-        until(stopped.clone()),
+        // The server drains once the admitted connections end.
+        std::future::pending::<()>(),
     ));
     let health_task = tokio::spawn(
         Server::builder()
@@ -240,16 +260,24 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
         crate::live::connection::Guard::new(&settings, None, None),
     );
 
-    let signal = shutdown_signal().await?;
+    lifecycle.serving().await;
+
+    let reason = lifecycle.until_stopped().await?;
     tracing::info!(
-        "{signal}: draining (up to {} ms for open streams)",
+        "{reason}: draining (up to {} ms for open streams)",
         drain.as_millis()
     );
-    draining.store(true, Ordering::Relaxed);
-    for name in HEALTH_SERVICES.iter().chain(&[""]) {
-        health_reporter
-            .set_service_status(*name, ServingStatus::NotServing)
-            .await;
+    if let Stop::HandedOver(_) = reason {
+        // The successor serves and answers health checks on the same sockets: this process
+        // stays healthy to whoever still holds a connection to it, and accepts no more.
+        let _ = stop_observers.send(true);
+    } else {
+        draining.store(true, Ordering::Relaxed);
+        for name in HEALTH_SERVICES.iter().chain(&[""]) {
+            health_reporter
+                .set_service_status(*name, ServingStatus::NotServing)
+                .await;
+        }
     }
     let _ = stop.send(true);
     if tokio::time::timeout(drain, grpc_task).await.is_err() {

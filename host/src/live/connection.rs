@@ -26,7 +26,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -234,12 +234,20 @@ const RESPONSE_HANDED_OVER: u8 = 2;
 #[derive(Default)]
 pub struct Progress {
     phase: AtomicU8,
+    /// A first request has begun.
+    begun: AtomicBool,
 }
 
 impl Progress {
     /// hyper parsed a head and called the service.
     pub fn request_started(&self) {
         self.phase.store(IN_REQUEST, Ordering::Relaxed);
+        self.begun.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the connection has begun a request.
+    pub fn has_begun(&self) -> bool {
+        self.begun.load(Ordering::Relaxed)
     }
 }
 

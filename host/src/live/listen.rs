@@ -1,11 +1,14 @@
 //! The listeners of a live driver: socket addresses from the config and the command line,
 //! binding, and the HTTP/1.1 accept loop that serves each connection behind the connection
-//! guard and, once stopped, drains.
+//! guard and, once stopped, drains: requests under way are answered, and a connection accepted
+//! before the stop whose first request has not arrived yet gets a moment to send it (so a
+//! client is not reset just because its connection was accepted at the stop).
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,9 +18,8 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use super::connection::{self, Guard, GuardedIo, Progress, Tracked};
 use super::response::BoxError;
@@ -32,6 +34,9 @@ pub(crate) fn address(key: &str, text: &str, port: Option<u16>) -> Result<Socket
     }
     Ok(addr)
 }
+
+/// How long a connection accepted before the stop may take to begin its first request.
+const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(2);
 
 pub(crate) async fn bind(what: &str, addr: SocketAddr) -> Result<TcpListener, String> {
     TcpListener::bind(addr)
@@ -61,7 +66,8 @@ pub(crate) async fn accept<H, F, B>(
     B: Body<Data = Bytes> + Unpin + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let graceful = GracefulShutdown::new();
+    // Each connection's task holds a sender; the drain ends when all are dropped.
+    let (open_connections, mut all_closed) = mpsc::channel::<()>(1);
     let mut slots = cap.map(|cap| guard.slots(cap, "max_connections"));
     loop {
         let slot = match slots.as_mut() {
@@ -97,25 +103,82 @@ pub(crate) async fn accept<H, F, B>(
                         }
                     })
                 };
-                let io = GuardedIo::new(stream, guard.clone(), progress);
+                let io = GuardedIo::new(stream, guard.clone(), progress.clone());
                 let connection = http1::Builder::new()
                     .max_buf_size(connection::MAX_HEAD_BYTES)
                     .serve_connection(TokioIo::new(io), service);
-                let watched = graceful.watch(connection);
+                let stop = stop.clone();
+                let open_connections = open_connections.clone();
                 tokio::spawn(async move {
-                    let _ = watched.await;
+                    serve_until_stopped(connection, progress, stop).await;
                     drop(open);
                     drop(slot);
+                    drop(open_connections);
                 });
             }
             _ = stop.changed() => break,
         }
     }
     drop(listener);
-    if tokio::time::timeout(drain, graceful.shutdown())
+    drop(open_connections);
+    if tokio::time::timeout(drain, all_closed.recv())
         .await
         .is_err()
     {
         tracing::warn!("drain deadline reached; closing the remaining connections");
     }
+}
+
+/// A served connection the drain can close gracefully.
+trait GracefulConnection: Future {
+    /// Finishes the request under way, then closes; closes at once when idle.
+    fn graceful_shutdown(self: std::pin::Pin<&mut Self>);
+}
+
+impl<I, S, B> GracefulConnection for http1::Connection<I, S>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<BoxError>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    B: Body + 'static,
+    B::Error: Into<BoxError>,
+{
+    fn graceful_shutdown(self: std::pin::Pin<&mut Self>) {
+        http1::Connection::graceful_shutdown(self);
+    }
+}
+
+/// Runs `connection` until it ends; once `stop` turns true, lets the request under way finish
+/// and closes it, after giving a connection with no request yet [`FIRST_REQUEST_GRACE`] to
+/// begin one.
+async fn serve_until_stopped<C>(
+    connection: C,
+    progress: Arc<Progress>,
+    mut stop: watch::Receiver<bool>,
+) where
+    C: GracefulConnection,
+{
+    let mut connection = std::pin::pin!(connection);
+    tokio::select! {
+        _ = connection.as_mut() => return,
+        _ = stop.wait_for(|stop| *stop) => {}
+    }
+    if !progress.has_begun() {
+        let mut grace = std::pin::pin!(tokio::time::sleep(FIRST_REQUEST_GRACE));
+        let ended = std::future::poll_fn(|cx| {
+            if connection.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(true);
+            }
+            if progress.has_begun() || grace.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(false);
+            }
+            Poll::Pending
+        })
+        .await;
+        if ended {
+            return;
+        }
+    }
+    connection.as_mut().graceful_shutdown();
+    let _ = connection.await;
 }

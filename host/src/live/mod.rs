@@ -2,14 +2,17 @@
 //! inference bodies, the owner of the scheduler on the real clock and the lifecycle of a
 //! dispatched request (charged at dispatch, released exactly once); the metrics, request ids
 //! and the errors a driver answers itself; the operator routes; starting, reloading the config
-//! in place and stopping, the listeners with their accept loop and connection guard. The drivers sit side by side on this
-//! layer: neither imports from the other.
+//! in place and stopping (hand-over restarts included), the listeners with their accept loop
+//! and connection guard. The drivers sit side by side on this layer: neither imports from the
+//! other.
 
 pub(crate) mod admin;
 pub mod body;
 pub mod clock;
 pub(crate) mod connection;
 pub mod dispatch;
+mod fd_passing;
+pub(crate) mod handover;
 pub(crate) mod ids;
 pub mod journal;
 pub(crate) mod lifecycle;

@@ -3,7 +3,8 @@
 //! Three listeners: the API (`serve.listen`), `/metrics` `/health` `/ready`
 //! (`serve.metrics_listen`) and the admin API (`serve.admin_listen`, loopback by default). On
 //! SIGTERM or SIGINT the router stops accepting, reports not ready, lets requests in flight
-//! finish within `drain_timeout_ms`, and exits.
+//! finish within `drain_timeout_ms`, and exits; it does the same once a successor started with
+//! the same `--handover PATH` serves on its listeners.
 
 pub mod api;
 pub mod response;
@@ -22,8 +23,8 @@ use crate::live::admin::{spawn_operator_routes, OperatorListeners};
 use crate::live::connection::{self, Guard};
 use crate::live::ids::{id_prefix, RequestIds};
 use crate::live::journal::Journal;
-use crate::live::lifecycle::{shutdown_signal, LiveSetup};
-use crate::live::listen::{accept, address, bind, local};
+use crate::live::lifecycle::{Lifecycle, LiveSetup, Stop};
+use crate::live::listen::{accept, address, local};
 use crate::live::metrics::Metrics;
 use crate::pipeline::Options;
 use api::Router;
@@ -40,6 +41,8 @@ pub struct ServeOptions {
     pub seed: u64,
     /// Write every request as a `replay` input line here.
     pub journal: Option<PathBuf>,
+    /// The control socket of hand-over restarts.
+    pub handover: Option<PathBuf>,
 }
 
 /// Serves until SIGTERM/SIGINT, then drains.
@@ -76,12 +79,16 @@ pub async fn run(
         None => (None, None),
     };
 
-    let api_listener = bind("API", listen).await?;
-    let metrics_listener = bind("metrics", metrics_listen).await?;
+    let mut lifecycle = Lifecycle::begin("serve", serve.handover.as_deref()).await?;
+    let api_listener = lifecycle.listen("API", listen).await?;
+    let metrics_listener = lifecycle.listen("metrics", metrics_listen).await?;
     let admin_listener = match admin_listen {
-        Some(addr) => Some(bind("admin", addr).await?),
+        Some(addr) => Some(lifecycle.listen("admin", addr).await?),
         None => None,
     };
+    let mut offered = vec![("API", &api_listener), ("metrics", &metrics_listener)];
+    offered.extend(admin_listener.as_ref().map(|l| ("admin", l)));
+    lifecycle.offer(&offered)?;
     let drain = Duration::from_millis(settings.drain_timeout_ms);
     let (cut, cut_watch) = watch::channel(false);
     let max_connections = connection::connection_cap(settings.max_connections);
@@ -137,12 +144,20 @@ pub async fn run(
         operator_guard,
     );
 
-    let signal = shutdown_signal().await?;
+    lifecycle.serving().await;
+
+    let reason = lifecycle.until_stopped().await?;
     tracing::info!(
-        "{signal}: draining (up to {} ms for requests in flight)",
+        "{reason}: draining (up to {} ms for requests in flight)",
         drain.as_millis()
     );
-    draining.store(true, Ordering::Relaxed);
+    if let Stop::HandedOver(_) = reason {
+        // The successor answers probes on the same sockets, and this process accepts no more
+        // there: the service stays ready.
+        let _ = stop_observers.send(true);
+    } else {
+        draining.store(true, Ordering::Relaxed);
+    }
     let _ = stop.send(true);
     // Requests still unanswered shortly before the deadline get a 503 while their
     // connections are still open.

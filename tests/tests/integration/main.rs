@@ -18,6 +18,7 @@ mod example_plugin;
 mod extproc;
 mod fair_share;
 mod faults;
+mod handover;
 mod hashing_through_libraries;
 mod library_refusals;
 mod mock_replica;
