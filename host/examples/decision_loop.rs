@@ -49,6 +49,8 @@ fn main() {
     let pipeline = build(&config, &registry, &options).unwrap_or_else(|e| panic!("{e}"));
     let mut scheduler = Scheduler::new(Arc::new(pipeline), fleet(endpoints), 7);
     scheduler.set_explain(records);
+    // As `serve`'s ring does once full: each record's trace goes back for a later decision.
+    let traces = scheduler.trace_pool();
     let window = window_ms(&scheduler);
     let pool: Vec<Vec<u32>> = (0..PROMPT_POOL).map(|k| prompt(k, tokens)).collect();
 
@@ -74,6 +76,11 @@ fn main() {
         assert_eq!(decisions.len(), 1, "one decision per request");
         placed += decisions.iter().filter(|d| d.result.is_ok()).count();
         scheduler.complete(&id, Outcome::Finished, now);
+        for trace in decisions.iter_mut().filter_map(|d| d.record.take()) {
+            if let Ok(trace) = Arc::try_unwrap(trace) {
+                traces.give_back(trace);
+            }
+        }
         let decided = std::time::Instant::now();
         in_scheduler += decided - started;
         // After the decision, so the floor, not the decision, finds the prompt in cache.
@@ -81,7 +88,7 @@ fn main() {
         std::hint::black_box(&hashes);
         hashing += decided.elapsed();
         now += 1.0;
-        std::hint::black_box(decisions);
+        std::hint::black_box(&decisions);
     }
     println!("{placed} of {iterations} placed");
     let per_decision = |nanos: f64| nanos / iterations.max(1) as f64;
