@@ -229,6 +229,7 @@ impl Router {
                         cut: self.cut.clone(),
                         clock: self.live.clock(),
                         journal,
+                        predicted: placement.predicted,
                     };
                     let (head, incoming) = response.into_parts();
                     return Ok(relay(

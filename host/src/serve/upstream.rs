@@ -1,6 +1,7 @@
 //! Talking to replicas: the pooled HTTP client, and the relayed response body that passes a
 //! replica's bytes through frame by frame and releases the request's charge exactly once when
-//! the body ends, fails, times out or is dropped because the client went away.
+//! the body ends, fails, times out or is dropped because the client went away. A request with
+//! a prefix prediction has its body's usage read on the way, to check the prediction.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -19,7 +20,9 @@ use tokio::time::Sleep;
 use crate::live::journal::JournalEntry;
 use crate::live::metrics::{Metrics, RequestOutcome};
 use crate::live::response::BoxError;
+use crate::live::usage::UsageScanner;
 use crate::live::{InFlight, RealClock};
+use crate::pipeline::Predicted;
 
 pub type Client = hyper_util::client::legacy::Client<HttpConnector, Full<Bytes>>;
 
@@ -44,11 +47,22 @@ pub struct Ending {
     pub cut: tokio::sync::watch::Receiver<bool>,
     pub clock: RealClock,
     pub journal: Option<JournalEntry>,
+    /// What the pipeline expected the endpoint to hold of the prompt.
+    pub predicted: Predicted,
 }
 
 impl Ending {
-    fn close(self, outcome: RequestOutcome) {
+    /// `usage` read the body of a completed request with a prediction.
+    fn close(mut self, outcome: RequestOutcome, usage: Option<&UsageScanner>) {
         self.metrics.request(outcome, &self.endpoint);
+        if let (RequestOutcome::Completed, Some(usage)) = (outcome, usage) {
+            let cached = usage.cached_tokens();
+            self.metrics
+                .prefix_checked(&self.endpoint, &self.predicted, cached);
+            if let (Some(entry), Some(cached)) = (self.journal.as_mut(), cached) {
+                entry.set_prefix_check(&self.endpoint, &self.predicted, cached);
+            }
+        }
         if let Some(entry) = self.journal {
             entry.write(Some(self.clock.now_ms()));
         }
@@ -61,6 +75,8 @@ pub struct RelayedBody {
     charge: Option<InFlight>,
     deadline: Option<Pin<Box<Sleep>>>,
     ending: Option<Ending>,
+    /// Reads the usage when there is a prediction to check.
+    usage: Option<UsageScanner>,
 }
 
 impl RelayedBody {
@@ -70,11 +86,13 @@ impl RelayedBody {
         deadline: Option<tokio::time::Instant>,
         ending: Ending,
     ) -> RelayedBody {
+        let usage = (!ending.predicted.is_empty()).then(UsageScanner::default);
         RelayedBody {
             inner,
             charge: Some(charge),
             deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
             ending: Some(ending),
+            usage,
         }
     }
 
@@ -97,7 +115,7 @@ impl RelayedBody {
                 }
                 _ => {}
             }
-            ending.close(outcome);
+            ending.close(outcome, self.usage.as_ref());
         }
     }
 }
@@ -122,6 +140,9 @@ impl Body for RelayedBody {
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(usage), Some(data)) = (this.usage.as_mut(), frame.data_ref()) {
+                    usage.feed(data);
+                }
                 // With a known length the server may stop polling after the last byte.
                 if this.inner.is_end_stream() {
                     this.end(RequestOutcome::Completed);
