@@ -14,7 +14,7 @@ use switchyard_plugin_api::Outcome;
 use tokio::sync::watch;
 
 use super::response::ServeBody;
-use super::upstream::{Client, Ending, RelayedBody};
+use super::upstream::{Client, Ending, PrefixCheck, RelayedBody};
 use crate::config::ServeConfig;
 use crate::fleet::{FleetState, LiveFleet};
 use crate::live::admin::Observed;
@@ -229,7 +229,7 @@ impl Router {
                         cut: self.cut.clone(),
                         clock: self.live.clock(),
                         journal,
-                        predicted: placement.predicted,
+                        check: PrefixCheck::new(placement.predicted),
                     };
                     let (head, incoming) = response.into_parts();
                     return Ok(relay(

@@ -47,20 +47,37 @@ pub struct Ending {
     pub cut: tokio::sync::watch::Receiver<bool>,
     pub clock: RealClock,
     pub journal: Option<JournalEntry>,
-    /// What the pipeline expected the endpoint to hold of the prompt.
-    pub predicted: Predicted,
+    /// The request's prefix prediction and the reader of its usage, when there is one.
+    pub check: Option<Box<PrefixCheck>>,
+}
+
+/// A prefix prediction waiting for the response's usage.
+pub struct PrefixCheck {
+    predicted: Predicted,
+    usage: UsageScanner,
+}
+
+impl PrefixCheck {
+    /// `None` when there is nothing to check.
+    pub fn new(predicted: Predicted) -> Option<Box<PrefixCheck>> {
+        (!predicted.is_empty()).then(|| {
+            Box::new(PrefixCheck {
+                predicted,
+                usage: UsageScanner::default(),
+            })
+        })
+    }
 }
 
 impl Ending {
-    /// `usage` read the body of a completed request with a prediction.
-    fn close(mut self, outcome: RequestOutcome, usage: Option<&UsageScanner>) {
+    fn close(mut self, outcome: RequestOutcome) {
         self.metrics.request(outcome, &self.endpoint);
-        if let (RequestOutcome::Completed, Some(usage)) = (outcome, usage) {
-            let cached = usage.cached_tokens();
+        if let (RequestOutcome::Completed, Some(check)) = (outcome, &self.check) {
+            let cached = check.usage.cached_tokens();
             self.metrics
-                .prefix_checked(&self.endpoint, &self.predicted, cached);
+                .prefix_checked(&self.endpoint, &check.predicted, cached);
             if let (Some(entry), Some(cached)) = (self.journal.as_mut(), cached) {
-                entry.set_prefix_check(&self.endpoint, &self.predicted, cached);
+                entry.set_prefix_check(&self.endpoint, &check.predicted, cached);
             }
         }
         if let Some(entry) = self.journal {
@@ -75,8 +92,6 @@ pub struct RelayedBody {
     charge: Option<InFlight>,
     deadline: Option<Pin<Box<Sleep>>>,
     ending: Option<Ending>,
-    /// Reads the usage when there is a prediction to check.
-    usage: Option<UsageScanner>,
 }
 
 impl RelayedBody {
@@ -86,13 +101,11 @@ impl RelayedBody {
         deadline: Option<tokio::time::Instant>,
         ending: Ending,
     ) -> RelayedBody {
-        let usage = (!ending.predicted.is_empty()).then(UsageScanner::default);
         RelayedBody {
             inner,
             charge: Some(charge),
             deadline: deadline.map(|at| Box::pin(tokio::time::sleep_until(at))),
             ending: Some(ending),
-            usage,
         }
     }
 
@@ -115,7 +128,7 @@ impl RelayedBody {
                 }
                 _ => {}
             }
-            ending.close(outcome, self.usage.as_ref());
+            ending.close(outcome);
         }
     }
 }
@@ -140,8 +153,9 @@ impl Body for RelayedBody {
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Ok(frame))) => {
-                if let (Some(usage), Some(data)) = (this.usage.as_mut(), frame.data_ref()) {
-                    usage.feed(data);
+                let check = this.ending.as_mut().and_then(|e| e.check.as_mut());
+                if let (Some(check), Some(data)) = (check, frame.data_ref()) {
+                    check.usage.feed(data);
                 }
                 // With a known length the server may stop polling after the last byte.
                 if this.inner.is_end_stream() {
