@@ -450,7 +450,10 @@ impl Conversation {
         if let Some(tokens) = self.usage.completion_tokens() {
             self.picker.metrics.completion_tokens(tokens);
         }
-        if !failed && self.response_bodies && !self.predicted.is_empty() {
+        let succeeded = self
+            .response_status
+            .is_some_and(|s| (200..300).contains(&s));
+        if succeeded && self.response_bodies && !self.predicted.is_empty() {
             self.picker.metrics.prefix_checked(
                 &endpoint,
                 &self.predicted,

@@ -290,7 +290,7 @@ impl Metrics {
         );
         registry.register(
             "prefix_unchecked_requests",
-            "Completed requests with a prefix prediction whose response reported no \
+            "Completed 2xx requests with a prefix prediction whose response reported no \
              cached_tokens (vLLM: --enable-prompt-tokens-details; streams: \
              stream_options.include_usage)",
             self.prefix_unchecked.clone(),

@@ -229,7 +229,12 @@ impl Router {
                         cut: self.cut.clone(),
                         clock: self.live.clock(),
                         journal,
-                        check: PrefixCheck::new(placement.predicted),
+                        // Only a successful answer carries the usage that checks a prediction.
+                        check: response
+                            .status()
+                            .is_success()
+                            .then(|| PrefixCheck::new(placement.predicted))
+                            .flatten(),
                     };
                     let (head, incoming) = response.into_parts();
                     return Ok(relay(
