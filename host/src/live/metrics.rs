@@ -12,7 +12,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use crate::fleet::FleetState;
-use crate::live::predictions::PredictionBook;
+use crate::live::predictions::{PredictionBook, DRIFT_BELOW, DRIFT_WINDOW, RECOVERED_AT};
 use crate::live::reload::Reloader;
 use crate::live::LiveScheduler;
 use crate::pipeline::Predicted;
@@ -284,8 +284,11 @@ impl Metrics {
         );
         registry.register(
             "prefix_prediction_drifting",
-            "1 while the producer's predictions on the endpoint are drifting (precision or \
-             recall under 0.5 over its latest 50 checked requests), else 0",
+            format!(
+                "1 while the producer's predictions on the endpoint are drifting (precision or \
+                 recall under {DRIFT_BELOW} over its latest {DRIFT_WINDOW} checked requests, \
+                 until both are at {RECOVERED_AT} or more), else 0"
+            ),
             drifting,
         );
         registry.register(
