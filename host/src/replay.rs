@@ -46,6 +46,9 @@ pub struct ReplayLine {
     /// entry leaves out keep their last value.
     #[serde(default)]
     pub metrics: Option<std::collections::BTreeMap<String, MetricsUpdate>>,
+    /// A prefix prediction `serve`'s journal checked; read past.
+    #[serde(default, rename = "prefix_check")]
+    pub _prefix_check: Option<serde::de::IgnoredAny>,
 }
 
 impl ReplayLine {

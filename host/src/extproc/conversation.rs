@@ -19,13 +19,14 @@ use tokio::sync::mpsc;
 use tonic::{Code, Status};
 
 use super::messages::{self, header};
-use super::usage::UsageScanner;
 use super::Picker;
 use crate::live::body::{self, Api};
 use crate::live::metrics::RequestOutcome;
 use crate::live::response::ApiError;
+use crate::live::usage::UsageScanner;
 use crate::live::{InFlight, Subset};
 use crate::pipeline;
+use crate::pipeline::Predicted;
 
 type Out = mpsc::Sender<Result<ProcessingResponse, Status>>;
 
@@ -53,6 +54,9 @@ struct Conversation {
     /// request then.
     response_bodies: bool,
     usage: UsageScanner,
+    /// The prefix prediction for the picked endpoint, checked against the response's usage
+    /// (dropped when the data plane served the request elsewhere).
+    predicted: Predicted,
     /// Whether this stream's request was counted in `switchyard_requests_total`.
     counted: bool,
 }
@@ -78,6 +82,7 @@ pub async fn converse(
         response_done: false,
         response_bodies: true,
         usage: UsageScanner::default(),
+        predicted: Predicted::default(),
         counted: false,
     };
     let mut first = true;
@@ -226,6 +231,7 @@ impl Conversation {
                 if let Some(served) = messages::served(message.metadata_context.as_ref()) {
                     let primary = self.destination.split(',').next().unwrap_or("");
                     if served != primary {
+                        self.predicted = Predicted::default();
                         self.picker.metrics.served_elsewhere();
                         tracing::debug!(
                             picked = %primary,
@@ -373,6 +379,7 @@ impl Conversation {
             .flatten();
         self.destination = destination;
         self.charge = Some(charge);
+        self.predicted = placement.predicted;
         if let Flow::End = self
             .send(messages::destination(
                 &self.destination,
@@ -442,6 +449,16 @@ impl Conversation {
         };
         if let Some(tokens) = self.usage.completion_tokens() {
             self.picker.metrics.completion_tokens(tokens);
+        }
+        let succeeded = self
+            .response_status
+            .is_some_and(|s| (200..300).contains(&s));
+        if succeeded && self.response_bodies && !self.predicted.is_empty() {
+            self.picker.metrics.prefix_checked(
+                &endpoint,
+                &self.predicted,
+                self.usage.cached_tokens(),
+            );
         }
         charge.finish(outcome);
         self.count(RequestOutcome::Completed, &endpoint);

@@ -11,7 +11,6 @@ mod connections;
 mod conversation;
 pub mod flags;
 pub mod messages;
-mod usage;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -1,8 +1,9 @@
 //! The operator-facing routes of both live drivers, and the listeners serving them:
 //! `/metrics`, `/health` and `/ready` on the metrics listener, and the admin API (bound to
 //! loopback by default) with recent decision records, per-plugin counters, each plugin's
-//! `state`, the fleet, the effective config and the config reload (`GET /reload` shows the
-//! running generation, `POST /reload` reloads).
+//! `state`, how prefix predictions compared with the replicas' cached tokens, the fleet, the
+//! effective config and the config reload (`GET /reload` shows the running generation,
+//! `POST /reload` reloads).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -197,6 +198,7 @@ pub async fn admin<O: Observed>(
             }
             response::json(StatusCode::OK, &Value::Object(states))
         }
+        "/predictions" => response::json(StatusCode::OK, &router.metrics().predictions().to_json()),
         "/fleet" => {
             let fleet = router.fleet();
             let (in_flight, _) = router.live().in_flight();
@@ -248,8 +250,8 @@ pub async fn admin<O: Observed>(
             )
         }
         _ => unknown_route(
-            "routes: /decisions[?limit=N] /plugins /plugins/state /fleet /config /reload \
-             (GET shows the config generation, POST reloads the config)",
+            "routes: /decisions[?limit=N] /plugins /plugins/state /predictions /fleet /config \
+             /reload (GET shows the config generation, POST reloads the config)",
         ),
     }
 }

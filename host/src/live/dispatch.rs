@@ -28,7 +28,7 @@ use super::clock::RealClock;
 use crate::fleet::FleetState;
 use crate::pipeline::record::{DecisionTrace, TracePool};
 use crate::pipeline::scheduler::PluginStats;
-use crate::pipeline::{Decision, Fleet, Pipeline, Rejection, Request, Scheduler};
+use crate::pipeline::{Decision, Fleet, Pipeline, Predicted, Rejection, Request, Scheduler};
 use crate::replay::ReplayOutput;
 
 /// How long an endpoint that refused a connection is left out of new decisions.
@@ -84,6 +84,8 @@ pub struct Placement {
     pub cost: Duration,
     /// The decision record, when records are kept.
     pub record: Option<Arc<ReplayOutput>>,
+    /// The prefix tokens the pipeline expected the chosen endpoint to hold, per producer.
+    pub predicted: Predicted,
 }
 
 /// A dispatched request's charge. Released exactly once: by [`InFlight::finish`], or as
@@ -128,6 +130,7 @@ struct Delivery {
     decided_ms: f64,
     cost: Duration,
     record: Option<Unfiled>,
+    predicted: Predicted,
 }
 
 /// What a decision record needs beyond the delivery, until the handler files it.
@@ -306,6 +309,7 @@ impl LiveScheduler {
                 decided_ms: self.clock.now_ms(),
                 cost: Duration::ZERO,
                 record: None,
+                predicted: Predicted::default(),
             },
         };
         pending.receiver = None;
@@ -322,6 +326,7 @@ impl LiveScheduler {
             decided_ms: now,
             cost: Duration::ZERO,
             record: None,
+            predicted: Predicted::default(),
         }
     }
 
@@ -333,6 +338,7 @@ impl LiveScheduler {
             decided_ms,
             cost,
             record,
+            predicted,
         } = delivery;
         let record = record
             .map(|unfiled| self.file(unfiled.into_record(&request_id, arrival_ms, decided_ms)));
@@ -352,6 +358,7 @@ impl LiveScheduler {
             decided_ms,
             cost,
             record,
+            predicted,
         }
     }
 
@@ -560,6 +567,7 @@ impl LiveScheduler {
                 decided_ms: decision.decided_ms,
                 cost,
                 record,
+                predicted: decision.predicted,
             };
             let unsent = match inner.waiting.remove(&delivery.request_id) {
                 Some(sender) => sender.send(delivery),

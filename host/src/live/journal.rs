@@ -1,5 +1,6 @@
 //! A record of the traffic a live driver placed, written as `replay` input: one line per
-//! request with its arrival time, prompt and completion time, so anything `serve` saw can be
+//! request with its arrival time, prompt and completion time (and, when its prefix prediction
+//! was checked, the prediction and what the replica reported), so anything `serve` saw can be
 //! replayed and explained offline. Lines are written when a request ends (so they are not in
 //! arrival order; `replay` orders them by `arrival_ms`).
 
@@ -9,7 +10,7 @@ use serde_json::{Map, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
-use crate::pipeline::Prompt;
+use crate::pipeline::{Predicted, Prompt};
 use crate::replay::prompt_fields;
 
 /// The writer of a journal file; cheap to clone.
@@ -41,6 +42,23 @@ impl JournalEntry {
         self.fields
             .insert("arrival_ms".into(), round_ms(arrival_ms));
         self.fields.insert("id".into(), id.into());
+    }
+
+    /// The prompt tokens each producer predicted `endpoint` held, and the `cached` tokens it
+    /// reported; `replay` reads past this field.
+    pub fn set_prefix_check(&mut self, endpoint: &str, predicted: &Predicted, cached: u64) {
+        let by_producer: Map<String, Value> = predicted
+            .iter()
+            .map(|(producer, tokens)| (producer.to_string(), tokens.into()))
+            .collect();
+        self.fields.insert(
+            "prefix_check".into(),
+            serde_json::json!({
+                "endpoint": endpoint,
+                "predicted_tokens": by_producer,
+                "cached_tokens": cached,
+            }),
+        );
     }
 
     /// Writes the line, with `completion_ms` when the request was placed and has ended.

@@ -12,8 +12,10 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use crate::fleet::FleetState;
+use crate::live::predictions::{PredictionBook, DRIFT_BELOW, DRIFT_WINDOW, RECOVERED_AT};
 use crate::live::reload::Reloader;
 use crate::live::LiveScheduler;
+use crate::pipeline::Predicted;
 
 type Labels = Vec<(&'static str, String)>;
 type FloatGauge = Gauge<f64, AtomicU64>;
@@ -120,6 +122,8 @@ pub struct Handles {
     connections_closed: Family<Labels, Counter>,
     connection_cap_reached: Counter,
     rejected_heads: Family<Labels, Counter>,
+    predictions: PredictionBook,
+    prefix_unchecked: Counter,
 }
 
 impl Default for Handles {
@@ -138,6 +142,8 @@ impl Default for Handles {
             served_elsewhere: Counter::default(),
             completion_tokens: Counter::default(),
             broken_messages: Family::default(),
+            predictions: PredictionBook::default(),
+            prefix_unchecked: Counter::default(),
             decision_seconds: Histogram::new(exponential_buckets(1e-6, 2.0, 20)),
             window_wait_seconds: Histogram::new(exponential_buckets(1e-4, 2.0, 16)),
             connections_open: Gauge::default(),
@@ -177,6 +183,22 @@ impl Metrics {
     /// Output tokens a completed request reported in its `usage`.
     pub fn completion_tokens(&self, tokens: u64) {
         self.completion_tokens.inc_by(tokens);
+    }
+
+    /// Checks a request's prefix predictions against the `cached` prompt tokens the replica
+    /// reported; `None` when its usage did not say.
+    pub fn prefix_checked(&self, endpoint: &str, predicted: &Predicted, cached: Option<u64>) {
+        match cached {
+            Some(cached) => self.predictions.check(endpoint, predicted, cached),
+            None => {
+                self.prefix_unchecked.inc();
+            }
+        }
+    }
+
+    /// The predictions checked so far.
+    pub fn predictions(&self) -> &PredictionBook {
+        &self.predictions
     }
 
     /// An ext_proc message that could not be read ended its stream with gRPC `code`.
@@ -219,6 +241,63 @@ impl Metrics {
         self.rejected_heads
             .get_or_create(&vec![("status", status.to_string())])
             .inc();
+    }
+
+    /// The prefix-prediction families, from the book as of now.
+    fn register_predictions(&self, registry: &mut Registry) {
+        let checked = Family::<Labels, Counter>::default();
+        let predicted = Family::<Labels, Counter>::default();
+        let cached = Family::<Labels, Counter>::default();
+        let correct = Family::<Labels, Counter>::default();
+        let drifting = Family::<Labels, Gauge>::default();
+        for f in self.predictions.figures() {
+            let labels = vec![("producer", f.producer), ("endpoint", f.endpoint)];
+            checked.get_or_create(&labels).inc_by(f.checked);
+            predicted.get_or_create(&labels).inc_by(f.total.predicted);
+            cached.get_or_create(&labels).inc_by(f.total.cached);
+            correct.get_or_create(&labels).inc_by(f.total.correct);
+            drifting.get_or_create(&labels).set(i64::from(f.drifting));
+        }
+        registry.register(
+            "prefix_checked_requests",
+            "Requests whose prefix prediction was checked against the replica's reported \
+             cached tokens, by producer of PrefixCacheMatchInfo and endpoint",
+            checked,
+        );
+        registry.register(
+            "prefix_predicted_tokens",
+            "Prompt tokens the producer predicted the chosen endpoint held, over checked \
+             requests",
+            predicted,
+        );
+        registry.register(
+            "prefix_cached_tokens",
+            "Prompt tokens the endpoint reported cached (usage.prompt_tokens_details.\
+             cached_tokens), over checked requests",
+            cached,
+        );
+        registry.register(
+            "prefix_correct_tokens",
+            "Tokens both predicted and cached (the smaller of the two per request): precision \
+             is correct / predicted, recall correct / cached",
+            correct,
+        );
+        registry.register(
+            "prefix_prediction_drifting",
+            format!(
+                "1 while the producer's predictions on the endpoint are drifting (precision or \
+                 recall under {DRIFT_BELOW} over its latest {DRIFT_WINDOW} checked requests, \
+                 until both are at {RECOVERED_AT} or more), else 0"
+            ),
+            drifting,
+        );
+        registry.register(
+            "prefix_unchecked_requests",
+            "Completed 2xx requests with a prefix prediction whose response reported no \
+             cached_tokens (vLLM: --enable-prompt-tokens-details; streams: \
+             stream_options.include_usage)",
+            self.prefix_unchecked.clone(),
+        );
     }
 
     /// The whole exposition: the request-path metrics plus the scheduler's and the fleet's
@@ -292,6 +371,8 @@ impl Metrics {
              target too long, 431 head too large)",
             self.rejected_heads.clone(),
         );
+
+        self.register_predictions(&mut registry);
 
         let (per_endpoint, total) = live.in_flight();
         let in_flight = Family::<Labels, Gauge>::default();

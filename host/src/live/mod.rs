@@ -1,6 +1,7 @@
 //! What the real-time drivers, `serve` and `ext-proc`, share: the real clock, reading
 //! inference bodies, the owner of the scheduler on the real clock and the lifecycle of a
-//! dispatched request (charged at dispatch, released exactly once); the metrics, request ids
+//! dispatched request (charged at dispatch, released exactly once); reading a response's usage
+//! and checking prefix predictions against it; the metrics, request ids
 //! and the errors a driver answers itself; the operator routes; starting, reloading the config
 //! in place and stopping (hand-over restarts included), the listeners with their accept loop
 //! and connection guard. The drivers sit side by side on this layer: neither imports from the
@@ -18,8 +19,10 @@ pub mod journal;
 pub(crate) mod lifecycle;
 pub(crate) mod listen;
 pub(crate) mod metrics;
+pub mod predictions;
 pub mod reload;
 pub(crate) mod response;
+pub mod usage;
 
 pub use clock::RealClock;
 pub use dispatch::{InFlight, Limits, LiveScheduler, Placed, Placement, Subset};

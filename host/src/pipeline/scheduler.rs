@@ -25,6 +25,7 @@ use switchyard_plugin_api::{
     PromptTokens, RequestView,
 };
 
+use super::prediction::Predicted;
 use super::record::{DecisionTrace, TracePool, WindowTrace};
 use super::request::{Endpoint, Fleet, Request};
 use super::tokenize::{prompt_buffers, PromptBuffer};
@@ -45,6 +46,8 @@ pub struct Decision {
     pub decided_ms: f64,
     pub arrival_ms: f64,
     pub record: Option<Arc<DecisionTrace>>,
+    /// What the producers of `PrefixCacheMatchInfo` expected the chosen endpoint to hold.
+    pub predicted: Predicted,
 }
 
 /// Why a request was not placed.
@@ -900,6 +903,10 @@ impl Scheduler {
                 self.score(pipeline, &request, &candidates, &store, stride, &mut record);
                 self.pick(&request, &candidates)
             });
+        let predicted = match &outcome {
+            Ok(chosen) => pipeline.prefix_rows.take(&store, stride, chosen[0]),
+            Err(_) => Predicted::default(),
+        };
         if self.scratch.stores.len() < SCRATCH_POOL {
             if pipeline.plain_rows {
                 // SAFETY: with plain rows every value in the store is `Absent` or a variant of
@@ -922,6 +929,7 @@ impl Scheduler {
                     decided_ms: now_ms,
                     arrival_ms,
                     record: record.map(Arc::from),
+                    predicted,
                 }
             }
         };
@@ -964,6 +972,7 @@ impl Scheduler {
             decided_ms: now_ms,
             arrival_ms,
             record: record.map(Arc::from),
+            predicted,
         }
     }
 

@@ -158,6 +158,9 @@ pub struct Pipeline {
     pub profile: String,
     /// The data key of each attribute row.
     pub rows: Vec<DataKey>,
+    /// The rows holding `PrefixCacheMatchInfo`, whose values on the chosen endpoint each
+    /// decision keeps.
+    pub prefix_rows: super::PrefixRows,
     /// Whether no row can hold a value that owns memory: every row the scheduler fills is of
     /// a well-known data type, whose values the host checks on the way in.
     pub plain_rows: bool,
@@ -272,6 +275,7 @@ pub fn build_from(
         .filter(|p| !p.host_native)
         .flat_map(|p| &p.produced_checks)
         .all(|check| *check != ValueCheck::Any);
+    let prefix_rows = super::PrefixRows::find(&rows);
     Ok(Pipeline {
         plugins,
         producers,
@@ -280,6 +284,7 @@ pub fn build_from(
         picker,
         profile: profile_name,
         rows,
+        prefix_rows,
         plain_rows,
     })
 }

@@ -14,7 +14,7 @@ use switchyard_plugin_api::Outcome;
 use tokio::sync::watch;
 
 use super::response::ServeBody;
-use super::upstream::{Client, Ending, RelayedBody};
+use super::upstream::{Client, Ending, PrefixCheck, RelayedBody};
 use crate::config::ServeConfig;
 use crate::fleet::{FleetState, LiveFleet};
 use crate::live::admin::Observed;
@@ -229,6 +229,12 @@ impl Router {
                         cut: self.cut.clone(),
                         clock: self.live.clock(),
                         journal,
+                        // Only a successful answer carries the usage that checks a prediction.
+                        check: response
+                            .status()
+                            .is_success()
+                            .then(|| PrefixCheck::new(placement.predicted))
+                            .flatten(),
                     };
                     let (head, incoming) = response.into_parts();
                     return Ok(relay(

@@ -1,6 +1,7 @@
 //! Talking to replicas: the pooled HTTP client, and the relayed response body that passes a
 //! replica's bytes through frame by frame and releases the request's charge exactly once when
-//! the body ends, fails, times out or is dropped because the client went away.
+//! the body ends, fails, times out or is dropped because the client went away. A request with
+//! a prefix prediction has its body's usage read on the way, to check the prediction.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -19,7 +20,9 @@ use tokio::time::Sleep;
 use crate::live::journal::JournalEntry;
 use crate::live::metrics::{Metrics, RequestOutcome};
 use crate::live::response::BoxError;
+use crate::live::usage::UsageScanner;
 use crate::live::{InFlight, RealClock};
+use crate::pipeline::Predicted;
 
 pub type Client = hyper_util::client::legacy::Client<HttpConnector, Full<Bytes>>;
 
@@ -44,11 +47,39 @@ pub struct Ending {
     pub cut: tokio::sync::watch::Receiver<bool>,
     pub clock: RealClock,
     pub journal: Option<JournalEntry>,
+    /// The request's prefix prediction and the reader of its usage, when there is one.
+    pub check: Option<Box<PrefixCheck>>,
+}
+
+/// A prefix prediction waiting for the response's usage.
+pub struct PrefixCheck {
+    predicted: Predicted,
+    usage: UsageScanner,
+}
+
+impl PrefixCheck {
+    /// `None` when there is nothing to check.
+    pub fn new(predicted: Predicted) -> Option<Box<PrefixCheck>> {
+        (!predicted.is_empty()).then(|| {
+            Box::new(PrefixCheck {
+                predicted,
+                usage: UsageScanner::default(),
+            })
+        })
+    }
 }
 
 impl Ending {
-    fn close(self, outcome: RequestOutcome) {
+    fn close(mut self, outcome: RequestOutcome) {
         self.metrics.request(outcome, &self.endpoint);
+        if let (RequestOutcome::Completed, Some(check)) = (outcome, &self.check) {
+            let cached = check.usage.cached_tokens();
+            self.metrics
+                .prefix_checked(&self.endpoint, &check.predicted, cached);
+            if let (Some(entry), Some(cached)) = (self.journal.as_mut(), cached) {
+                entry.set_prefix_check(&self.endpoint, &check.predicted, cached);
+            }
+        }
         if let Some(entry) = self.journal {
             entry.write(Some(self.clock.now_ms()));
         }
@@ -122,6 +153,10 @@ impl Body for RelayedBody {
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Ok(frame))) => {
+                let check = this.ending.as_mut().and_then(|e| e.check.as_mut());
+                if let (Some(check), Some(data)) = (check, frame.data_ref()) {
+                    check.usage.feed(data);
+                }
                 // With a known length the server may stop polling after the last byte.
                 if this.inner.is_end_stream() {
                     this.end(RequestOutcome::Completed);

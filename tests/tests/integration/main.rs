@@ -23,6 +23,7 @@ mod hashing_through_libraries;
 mod library_refusals;
 mod mock_replica;
 mod plugin_readmes;
+mod predictions;
 mod reload;
 mod replay_matches_simulate;
 mod scorer_conformance;

@@ -1,15 +1,19 @@
-//! Reading `usage.completion_tokens` out of a response body that arrives in chunks (a JSON
-//! document or an SSE stream whose last event carries the usage), without keeping the body.
+//! Reading a response's `usage` out of a body that arrives in chunks (a JSON document, or an
+//! SSE stream whose last event carries the usage), without keeping the body: the latest
+//! `completion_tokens` and `prompt_tokens_details.cached_tokens` seen.
 
-const KEY: &[u8] = b"\"completion_tokens\"";
-/// Bytes kept from one chunk to the next: enough for the key, spaces, a colon and a number.
+/// The keys read, in the order of [`UsageScanner::latest`].
+const KEYS: [&[u8]; 2] = [b"\"completion_tokens\"", b"\"cached_tokens\""];
+const COMPLETION: usize = 0;
+const CACHED: usize = 1;
+/// Bytes kept from one chunk to the next: enough for a key, spaces, a colon and a number.
 const CARRY: usize = 64;
 
-/// The latest `completion_tokens` value seen so far.
+/// The latest value of each key seen so far.
 #[derive(Debug, Default)]
 pub struct UsageScanner {
     carry: Vec<u8>,
-    latest: Option<u64>,
+    latest: [Option<u64>; 2],
 }
 
 impl UsageScanner {
@@ -25,17 +29,19 @@ impl UsageScanner {
             joined = std::mem::take(&mut self.carry);
             &joined
         };
-        let mut from = 0;
-        let mut pending_from = None;
-        while let Some(at) = find(&window[from..], KEY) {
-            let start = from + at;
-            match number_after(&window[start + KEY.len()..]) {
-                Some(Some(n)) => self.latest = Some(n),
-                // Cut off by the chunk's end: look again once more arrives.
-                None => pending_from = Some(start),
-                Some(None) => {}
+        let mut pending_from: Option<usize> = None;
+        for (slot, key) in KEYS.iter().enumerate() {
+            let mut from = 0;
+            while let Some(at) = find(&window[from..], key) {
+                let start = from + at;
+                match number_after(&window[start + key.len()..]) {
+                    Some(Some(n)) => self.latest[slot] = Some(n),
+                    // Cut off by the chunk's end: look again once more arrives.
+                    None => pending_from = Some(pending_from.map_or(start, |p| p.min(start))),
+                    Some(None) => {}
+                }
+                from = start + key.len();
             }
-            from = start + KEY.len();
         }
         let keep_from = pending_from.unwrap_or_else(|| window.len().saturating_sub(CARRY));
         let end = window.len().min(keep_from + 4 * CARRY);
@@ -43,7 +49,12 @@ impl UsageScanner {
     }
 
     pub fn completion_tokens(&self) -> Option<u64> {
-        self.latest
+        self.latest[COMPLETION]
+    }
+
+    /// `usage.prompt_tokens_details.cached_tokens`: prompt tokens the replica found cached.
+    pub fn cached_tokens(&self) -> Option<u64> {
+        self.latest[CACHED]
     }
 }
 
@@ -87,6 +98,29 @@ mod tests {
         let mut scanner = UsageScanner::default();
         scanner.feed(br#"{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":42}}"#);
         assert_eq!(scanner.completion_tokens(), Some(42));
+        assert_eq!(scanner.cached_tokens(), None);
+    }
+
+    #[test]
+    fn reads_cached_tokens_across_every_split_of_an_sse_stream() {
+        let body = b"data: {\"choices\":[{\"text\":\"a\"}]}\n\n\
+                     data: {\"choices\":[],\"usage\":{\"prompt_tokens\":130,\"completion_tokens\":7,\
+                     \"prompt_tokens_details\":{\"cached_tokens\": 128}}}\n\ndata: [DONE]\n\n";
+        for split in 0..body.len() {
+            let mut scanner = UsageScanner::default();
+            scanner.feed(&body[..split]);
+            scanner.feed(&body[split..]);
+            assert_eq!(scanner.cached_tokens(), Some(128), "split at {split}");
+            assert_eq!(scanner.completion_tokens(), Some(7), "split at {split}");
+        }
+    }
+
+    #[test]
+    fn a_null_details_object_leaves_cached_tokens_unknown() {
+        let mut scanner = UsageScanner::default();
+        scanner.feed(br#"{"usage":{"completion_tokens":3,"prompt_tokens_details":null}}"#);
+        assert_eq!(scanner.cached_tokens(), None);
+        assert_eq!(scanner.completion_tokens(), Some(3));
     }
 
     #[test]
