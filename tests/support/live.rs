@@ -80,6 +80,20 @@ impl Drop for Process {
 /// test before the child binds it, and the child then exits at once.
 pub const START_ATTEMPTS: usize = 4;
 
+/// A response header's value, `""` when absent or not text.
+pub fn header<'a>(response: &'a hyper::Response<hyper::body::Incoming>, name: &str) -> &'a str {
+    response
+        .headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+/// The mock replica that answered: its `x-mock-replica` header.
+pub fn replica_name(response: &hyper::Response<hyper::body::Incoming>) -> String {
+    header(response, "x-mock-replica").to_string()
+}
+
 /// Waits (bounded) until `GET path` on `probe` answers 200; `Err` with the exit status when the
 /// process exits first.
 pub async fn wait_healthy(child: &mut Child, probe: SocketAddr, path: &str) -> Result<(), String> {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::Value;
 use switchyard_tests::live::{
     binary, endpoints_toml, eventually, fast_replicas, json, metric_sum, metrics_page, read_events,
-    send, start_router, temp_dir, wait_healthy, Process, Router, FAST_REPLICA,
+    replica_name, send, start_router, temp_dir, wait_healthy, Process, Router, FAST_REPLICA,
 };
 
 const PRODUCER: &str = "approx-prefix-cache-producer";
@@ -85,12 +85,7 @@ async fn ask(router: &Router, stream: Option<bool>) -> (String, Option<u64>) {
     )
     .await;
     assert_eq!(response.status(), 200);
-    let replica = response
-        .headers()
-        .get("x-mock-replica")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
+    let replica = replica_name(&response);
     let cached = match stream {
         None => json(response).await["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64(),
         Some(_) => {

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use switchyard_tests::live::{
-    eventually, fast_replicas, json, metric_sum, metrics_page, send, start_replica, start_router,
-    temp_dir, Process, Router,
+    eventually, fast_replicas, json, metric_sum, metrics_page, replica_name, send, start_replica,
+    start_router, temp_dir, Process, Router,
 };
 use switchyard_tests::plugin_dir;
 
@@ -60,12 +60,7 @@ picker = "max-score-picker"
 async fn served_by(router: &Router) -> String {
     let response = send(router.api(), "POST", COMPLETIONS, &[], &completion()).await;
     assert_eq!(response.status(), 200);
-    response
-        .headers()
-        .get("x-mock-replica")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string()
+    replica_name(&response)
 }
 
 /// Rewrites the router's config file, keeping its `[serve]` table (written last).

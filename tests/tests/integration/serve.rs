@@ -11,7 +11,7 @@ use bytes::Bytes;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use switchyard_tests::live::{
-    assert_router_idle, body_bytes, burst_pipeline, endpoints_toml, fast_replicas, json,
+    assert_router_idle, body_bytes, burst_pipeline, endpoints_toml, fast_replicas, header, json,
     metric_sum, metrics_page, prefix_cache_totals, read_events, replay_file, send, start_replica,
     start_router, temp_dir, try_send_bytes, Process, Router,
 };
@@ -28,14 +28,6 @@ fn endpoints(replicas: &[Process]) -> String {
 fn completion(prompt: &str, max_tokens: u32, stream: bool) -> String {
     serde_json::json!({"model": "test-model", "prompt": prompt, "max_tokens": max_tokens, "stream": stream})
         .to_string()
-}
-
-fn header<'a>(response: &'a hyper::Response<hyper::body::Incoming>, name: &str) -> &'a str {
-    response
-        .headers()
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

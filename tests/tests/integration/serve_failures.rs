@@ -16,8 +16,8 @@ use hyper::Response;
 use serde_json::Value;
 use switchyard_tests::live::{
     assert_router_idle, body_bytes, eventually, json, metric_sum, metrics_page, read_events,
-    read_rest_of_stream, send, start_replica, start_router, temp_dir, try_send, Router,
-    QUEUE_PIPELINE,
+    read_rest_of_stream, replica_name, send, start_replica, start_router, temp_dir, try_send,
+    Router, QUEUE_PIPELINE,
 };
 use switchyard_tests::target_dir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -60,15 +60,6 @@ fn refusing_address() -> (TcpSocket, SocketAddr) {
 
 fn router_log(router: &Router) -> String {
     std::fs::read_to_string(router.dir.join("serve.log")).unwrap_or_default()
-}
-
-fn replica_name(response: &Response<Incoming>) -> String {
-    response
-        .headers()
-        .get("x-mock-replica")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string()
 }
 
 async fn router_metric(router: &Router, name: &str) -> f64 {
