@@ -19,8 +19,33 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-fn cargo() -> String {
-    std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string())
+/// A `cargo` command run from the workspace root, without the variables `cargo test` sets for
+/// this test process (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`, ...). Build scripts such as
+/// `ring`'s watch some of them, so a nested build that inherited them would count those
+/// crates as changed and rebuild them — and the next `cargo test` would rebuild them back.
+pub fn cargo_command() -> Command {
+    let mut command = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string()));
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        let set_for_tests = name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_BIN_")
+            || matches!(
+                name,
+                "CARGO_MANIFEST_DIR"
+                    | "CARGO_MANIFEST_PATH"
+                    | "CARGO_MANIFEST_LINKS"
+                    | "CARGO_CRATE_NAME"
+                    | "CARGO_PRIMARY_PACKAGE"
+                    | "CARGO_TARGET_TMPDIR"
+                    | "CARGO_RUSTC_CURRENT_DIR"
+                    | "OUT_DIR"
+            );
+        if set_for_tests {
+            command.env_remove(name);
+        }
+    }
+    command.current_dir(workspace_root());
+    command
 }
 
 /// The target directory of this build (`CARGO_TARGET_DIR` aware).
@@ -49,11 +74,7 @@ static BUILD_LOCK: Mutex<()> = Mutex::new(());
 
 fn run_cargo(args: &[&str]) {
     let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let status = Command::new(cargo())
-        .args(args)
-        .current_dir(workspace_root())
-        .status()
-        .expect("cargo runs");
+    let status = cargo_command().args(args).status().expect("cargo runs");
     assert!(status.success(), "cargo {args:?} failed");
 }
 
@@ -96,13 +117,12 @@ pub fn standalone_library(
     let target = target_dir().join(target_subdir);
     let manifest = manifest_dir.join("Cargo.toml");
     let _guard = BUILD_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let status = Command::new(cargo())
+    let status = cargo_command()
         .args(["build", "--quiet", "--manifest-path"])
         .arg(&manifest)
         .arg("--target-dir")
         .arg(&target)
         .envs(env.iter().copied())
-        .current_dir(workspace_root())
         .status()
         .expect("cargo runs");
     assert!(

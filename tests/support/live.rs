@@ -15,7 +15,7 @@ use hyper_util::rt::TokioIo;
 use serde_json::Value;
 use tokio::net::TcpStream;
 
-use crate::{plugin_dir, target_dir, workspace_root};
+use crate::{plugin_dir, target_dir};
 
 /// The debug `switchyard` binary, built once per test binary.
 pub fn binary() -> &'static Path {
@@ -23,10 +23,8 @@ pub fn binary() -> &'static Path {
     BIN.get_or_init(|| {
         // The plugin build and this one share the cargo lock; build the plugins first.
         plugin_dir();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-        let status = Command::new(cargo)
+        let status = crate::cargo_command()
             .args(["build", "--quiet", "-p", "switchyard"])
-            .current_dir(workspace_root())
             .status()
             .expect("cargo runs");
         assert!(status.success(), "switchyard builds");

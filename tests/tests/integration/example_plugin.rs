@@ -205,8 +205,7 @@ fn the_plugin_api_manifest_stands_alone_outside_the_workspace() {
     let dir = temp_dir("vendored-plugin-api");
     let copy = dir.join("switchyard-plugin-api");
     copy_tree(&workspace_root().join("plugin-api"), &copy);
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
-    let out = Command::new(cargo)
+    let out = switchyard_tests::cargo_command()
         .args([
             "metadata",
             "--offline",
