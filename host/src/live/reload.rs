@@ -157,20 +157,16 @@ impl Reloader {
     /// driver to it; else keeps the running pipeline. Logged and counted either way.
     pub fn reload(&self, cause: &str) -> Reloaded {
         let mut running = self.running();
-        match self.prepare() {
+        let previous = self.live.pipeline();
+        match self.prepare(&previous) {
             Ok((registry, pipeline, effective, members)) => {
-                let previous = self.live.pipeline();
                 let (kept, created) = compare(&previous, &pipeline);
                 self.membership.apply(members);
                 self.live.replace_pipeline(Arc::new(pipeline));
-                let replaced = std::mem::replace(
-                    &mut *running,
-                    Running {
-                        registry,
-                        effective: Arc::new(effective),
-                    },
-                );
-                drop(replaced);
+                *running = Running {
+                    registry,
+                    effective: Arc::new(effective),
+                };
                 let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
                 self.applied.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(
@@ -201,12 +197,16 @@ impl Reloader {
     }
 
     /// Everything a reload needs, checked as `switchyard check` checks a config.
-    fn prepare(&self) -> Result<(Registry, Pipeline, String, crate::fleet::NewMembers), String> {
+    /// Instances of `previous` whose name, type, library and parameters are unchanged are
+    /// taken over.
+    fn prepare(
+        &self,
+        previous: &Pipeline,
+    ) -> Result<(Registry, Pipeline, String, crate::fleet::NewMembers), String> {
         let config = LoadedConfig::read(&self.config_path).map_err(|e| e.to_string())?;
         config.check_serve().map_err(|e| e.to_string())?;
         let registry = load_registry(&config, &self.options).map_err(|e| e.to_string())?;
-        let previous = self.live.pipeline();
-        let pipeline = build_from(&config, &registry, &self.options, Some(&previous))
+        let pipeline = build_from(&config, &registry, &self.options, Some(previous))
             .map_err(|e| e.to_string())?;
         let effective = crate::effective::render(&config, &registry, &pipeline);
         let members = self.membership.read(&config)?;
