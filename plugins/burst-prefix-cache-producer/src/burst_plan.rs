@@ -20,7 +20,9 @@
 //! 3. Once the burst's groups seem all known (`groups_look_complete`), a replica planned above
 //!    the level by more than half of [`ALLOWANCE`] (or one request) hands part of its largest
 //!    group to the least planned replica — one where that group already has a part if any is
-//!    below the level. The group then has another home.
+//!    below the level. The group then has another home. While new groups keep appearing at
+//!    their usual spacing (prompts sent one after the other), a replica may run up to one
+//!    group ahead of the level: the next group goes where the earlier ones left room.
 //! 4. Each member goes to its group's replica furthest below its part of the members seen.
 //!
 //! Equal groups thus land whole, four to a replica when 32 meet 8 replicas, and a group splits
@@ -244,6 +246,16 @@ impl BurstPlan {
         }
 
         if self.groups_look_complete(burst_groups, replicas.len() as u64) {
+            if self.groups_still_appearing() {
+                // One group, when groups are no larger than a quarter of the level or, in a
+                // lightly loaded fleet, than what a prompt alone may hold before it spreads;
+                // larger groups split as soon as balance needs it.
+                let group = total / self.active().count().max(1) as f64;
+                let alone = (4 * replicas.len()) as f64 * per_member;
+                if group <= (fleet.level / 4.0).max(alone) {
+                    fleet.tolerate(group);
+                }
+            }
             self.rebalance(&mut fleet, &estimate);
         }
 
@@ -296,8 +308,35 @@ impl BurstPlan {
     /// those.
     fn groups_look_complete(&self, burst_groups: u64, replicas: u64) -> bool {
         let since = |from: u64| self.arrivals.saturating_sub(from);
-        since(self.newest_from) >= 2 * self.active().count() as u64
-            || since(self.newest_group_from) >= (4 * burst_groups).max(8 * replicas)
+        // A prompt alone may be the first of a burst arriving prompt by prompt: it spreads
+        // only once four requests per replica came without a second prompt showing up.
+        let alone = if burst_groups <= 1 { 4 * replicas } else { 0 };
+        since(self.newest_from) >= (2 * self.active().count() as u64).max(alone)
+            || since(self.newest_group_from) >= (4 * burst_groups).max(8 * replicas).max(alone)
+    }
+
+    /// Whether new groups are still showing up at the pace they have so far: fewer arrivals
+    /// than two of the usual spacings between groups' first members have come since the
+    /// newest one. Prompts sent one after the other keep the burst in this state until its
+    /// end, and the next group will go to the replicas the earlier ones left lighter.
+    fn groups_still_appearing(&self) -> bool {
+        self.arrivals.saturating_sub(self.newest_group_from) < 2 * self.new_group_spacing()
+    }
+
+    /// Arrivals between the first members of successive groups of two or more, over the
+    /// active ones: about one group's size when groups arrive one after the other, a few
+    /// requests when a burst's groups are shuffled together.
+    fn new_group_spacing(&self) -> u64 {
+        let (mut first, mut last, mut groups) = (u64::MAX, 0, 0u64);
+        for trail in self.active().filter(|t| t.seen > 1) {
+            first = first.min(trail.first_arrival);
+            last = last.max(trail.first_arrival);
+            groups += 1;
+        }
+        if groups < 2 {
+            return 0;
+        }
+        (last - first) / (groups - 1)
     }
 
     /// Moves parts of groups from replicas planned above the ceiling to the least planned
@@ -466,6 +505,11 @@ impl<'a> Fleet<'a> {
         }
         self.ceiling = self.level + (ALLOWANCE / 2.0 * self.level).max(per_member);
         self.per_member = per_member;
+    }
+
+    /// Lets a replica stay up to `load` above the level before the rebalance takes from it.
+    fn tolerate(&mut self, load: f64) {
+        self.ceiling = self.ceiling.max(self.level + load);
     }
 
     fn position(&self, id: &str) -> Option<usize> {

@@ -352,18 +352,30 @@ async fn a_spread_burst_through_serve_matches_simulate() {
             let cached = json(response).await["usage"]["prompt_tokens_details"]["cached_tokens"]
                 .as_u64()
                 .unwrap_or(0);
-            (p, replica, cached)
+            (p, at, replica, cached)
         }));
     }
     let mut live_cold: BTreeMap<usize, BTreeSet<String>> = BTreeMap::new();
     let mut live_served: BTreeMap<String, u64> = BTreeMap::new();
+    // Per prompt, its requests in sending order: when sent, where served, whether cold there.
+    let mut requests_of: BTreeMap<usize, Vec<String>> = BTreeMap::new();
     for task in tasks {
-        let (p, replica, cached) = task.await.expect("request task");
-        if (cached as usize) + 16 < PROMPT_TOKENS {
+        let (p, at, replica, cached) = task.await.expect("request task");
+        let cold = (cached as usize) + 16 < PROMPT_TOKENS;
+        if cold {
             live_cold.entry(p).or_default().insert(replica.clone());
         }
+        requests_of.entry(p).or_default().push(format!(
+            "{at}ms {replica}{}",
+            if cold { " cold" } else { "" }
+        ));
         *live_served.entry(replica).or_default() += 1;
     }
+    let split: Vec<String> = live_cold
+        .iter()
+        .filter(|(_, replicas)| replicas.len() > 1)
+        .map(|(p, _)| format!("prompt {p}: {}", requests_of[p].join(", ")))
+        .collect();
     assert_router_idle(&router, "after the burst").await;
 
     let config_path = dir.join("pipeline.toml");
@@ -404,8 +416,9 @@ async fn a_spread_burst_through_serve_matches_simulate() {
     let live_prefills = prefills_per_prompt(&live_cold, PROMPTS);
     let detail = format!(
         "live: {live_prefills:.2} prefills per prompt, {served:?} requests per replica; \
-         simulate: {sim_prefills:.2}, {sim_served:?}\nlive windows: {}",
-        windows_seen(&router).await
+         simulate: {sim_prefills:.2}, {sim_served:?}\nlive windows: {}\nsplit live: {}",
+        windows_seen(&router).await,
+        split.join("\n  ")
     );
     assert!(
         (live_prefills - sim_prefills).abs() <= 0.1 * sim_prefills,

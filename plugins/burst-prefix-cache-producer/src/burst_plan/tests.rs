@@ -290,17 +290,28 @@ fn a_group_whose_replicas_all_left_goes_on_elsewhere_and_returns_when_they_do() 
     // Its replica gone for one window: the member goes to one still there.
     let away = plan.place(1, &[group(&[0])], &replicas(&others));
     let stand_in = others[away[0][0]];
-    // All back: five members over three replicas, none with more than two.
-    let back = plan.place(2, &[group(&[0, 1, 2])], &replicas(&ids));
+    // All back, and the prompt grown past four requests per replica (a prompt alone spreads
+    // from there): 27 members over three replicas, none with more than ten, the home among them.
+    const BACK: [usize; 25] = {
+        let mut positions = [0; 25];
+        let mut i = 0;
+        while i < 25 {
+            positions[i] = i;
+            i += 1;
+        }
+        positions
+    };
+    let back = plan.place(2, &[group(&BACK)], &replicas(&ids));
     let mut per_replica = [0; 3];
     for &r in first[0].iter().chain(&back[0]) {
         per_replica[r] += 1;
     }
     per_replica[ids.iter().position(|&id| id == stand_in).unwrap()] += 1;
     assert!(
-        per_replica.iter().all(|&n| n <= 2),
+        per_replica.iter().all(|&n| (8..=10).contains(&n)),
         "{first:?} {away:?} {back:?}"
     );
+    assert!(back[0].iter().any(|&r| ids[r] == home), "{back:?}");
 }
 
 #[test]
@@ -442,5 +453,102 @@ fn a_pause_of_the_whole_stream_does_not_change_the_placement() {
             placed
         };
         assert_eq!(place(150), place(1), "seed {seed}");
+    }
+}
+
+/// Groups arriving one after the other (every member of a group before the next group's),
+/// each request displaced by up to `jitter` places, cut into windows of 1..=`max_window`
+/// requests a millisecond apart; returns the requests per replica and the placements.
+fn prompt_by_prompt(
+    sizes: &[usize],
+    replicas: usize,
+    seed: u64,
+    max_window: u64,
+    jitter: usize,
+) -> (Vec<usize>, usize) {
+    let mut next = switchyard_plugin_api::testing::numbers(seed);
+    let mut keyed: Vec<(usize, usize)> = sizes
+        .iter()
+        .enumerate()
+        .flat_map(|(g, &size)| std::iter::repeat_n(g, size))
+        .enumerate()
+        .map(|(i, g)| (i + next(jitter as u64 + 1) as usize, g))
+        .collect();
+    keyed.sort();
+    let arrivals: Vec<usize> = keyed.into_iter().map(|(_, g)| g).collect();
+    let ids: Vec<String> = (0..replicas).map(|r| format!("/r{r:02}")).collect();
+    let mut load = vec![0usize; replicas];
+    let mut pairs = BTreeSet::new();
+    let mut plan = BurstPlan::new(2000, 100);
+    let (mut at, mut now) = (0, 0);
+    while at < arrivals.len() {
+        let size = (1 + next(max_window) as usize).min(arrivals.len() - at);
+        let window = &arrivals[at..at + size];
+        at += size;
+        now += 1;
+        let running: Vec<u64> = load.iter().map(|&n| n as u64).collect();
+        let key = |g: usize| GroupKey {
+            blocks: 4,
+            digest: seed << 32 | g as u64,
+        };
+        let placed = place_window(&mut plan, now, window, key, &ids, &running);
+        for (&g, r) in window.iter().zip(placed) {
+            load[r] += 1;
+            pairs.insert((g, r));
+        }
+    }
+    (load, pairs.len())
+}
+
+#[test]
+fn groups_sent_prompt_by_prompt_land_whole_and_balanced() {
+    // Each group is whole before the next starts, so until the burst ends every group looks
+    // like the last: a group may run one group ahead of the level while new ones keep coming,
+    // and the next goes where the earlier ones left room.
+    for (sizes, replicas) in [(&[16usize; 32][..], 8), (&[8; 16], 4)] {
+        let fair = sizes.iter().sum::<usize>() as f64 / replicas as f64;
+        for max_window in [1, 4] {
+            for seed in 1..=10 {
+                let (load, pairs) = prompt_by_prompt(sizes, replicas, seed, max_window, 0);
+                assert_eq!(
+                    pairs,
+                    sizes.len(),
+                    "{} × {}, windows of 1..={max_window}, seed {seed}: {load:?}",
+                    sizes.len(),
+                    sizes[0]
+                );
+                assert!(load.iter().all(|&n| n as f64 == fair), "{load:?}");
+            }
+        }
+        // Windows of up to ten: a window can end a group and open the next, and an order in
+        // ten splits one group.
+        for seed in 1..=10 {
+            let (load, pairs) = prompt_by_prompt(sizes, replicas, seed, 10, 0);
+            assert!(pairs <= sizes.len() + 1, "seed {seed}: {load:?}, {pairs}");
+            assert!(
+                load.iter()
+                    .all(|&n| (n as f64 - fair).abs() <= (0.1 * fair).max(2.0)),
+                "seed {seed}: {load:?}"
+            );
+        }
+        // Requests displaced by up to half a group, neighbouring groups overlapping: the bounds
+        // of one burst still hold.
+        for max_window in [4, 40] {
+            for seed in 1..=10 {
+                let jitter = sizes[0] / 2;
+                let (load, pairs) = prompt_by_prompt(sizes, replicas, seed, max_window, jitter);
+                let context = format!(
+                    "{} × {}, windows of 1..={max_window}, seed {seed}: {load:?}, {pairs}",
+                    sizes.len(),
+                    sizes[0]
+                );
+                assert!(pairs < sizes.len() + replicas, "{context}");
+                assert!(
+                    load.iter()
+                        .all(|&n| (n as f64 - fair).abs() <= (0.1 * fair).max(2.0)),
+                    "{context}"
+                );
+            }
+        }
     }
 }
