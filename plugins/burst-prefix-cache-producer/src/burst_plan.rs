@@ -249,10 +249,15 @@ impl BurstPlan {
             if self.groups_still_appearing() {
                 // One group, when groups are no larger than a quarter of the level or, in a
                 // lightly loaded fleet, than what a prompt alone may hold before it spreads;
-                // larger groups split as soon as balance needs it.
+                // larger groups split as soon as balance needs it. Until the burst has four
+                // requests per replica, what a prompt alone may hold: a client that lagged at
+                // the start delivers its first prompts in one window, which looks like a whole
+                // burst of a few groups.
                 let group = total / self.active().count().max(1) as f64;
                 let alone = (4 * replicas.len()) as f64 * per_member;
-                if group <= (fleet.level / 4.0).max(alone) {
+                if weight_seen < alone {
+                    fleet.tolerate(alone);
+                } else if group <= (fleet.level / 4.0).max(alone) {
                     fleet.tolerate(group);
                 }
             }
@@ -316,11 +321,13 @@ impl BurstPlan {
     }
 
     /// Whether new groups are still showing up at the pace they have so far: fewer arrivals
-    /// than two of the usual spacings between groups' first members have come since the
-    /// newest one. Prompts sent one after the other keep the burst in this state until its
-    /// end, and the next group will go to the replicas the earlier ones left lighter.
+    /// than four of the usual spacings between groups' first members have come since the
+    /// newest one (four, because a client's jitter blurs the spacing of prompts sent one
+    /// after the other by about half a group). Such prompts keep the burst in this state
+    /// until its end, and the next group will go to the replicas the earlier ones left
+    /// lighter.
     fn groups_still_appearing(&self) -> bool {
-        self.arrivals.saturating_sub(self.newest_group_from) < 2 * self.new_group_spacing()
+        self.arrivals.saturating_sub(self.newest_group_from) < 4 * self.new_group_spacing()
     }
 
     /// Arrivals between the first members of successive groups of two or more, over the
