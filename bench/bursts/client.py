@@ -50,6 +50,8 @@ SHAPES = {
             spread_ms=30),
     7: dict(name="shared prefix 8x64 over 1 s", kind="shared-prefix", prefixes=8, per_prefix=64,
             prefix_tokens=2048, spread_ms=1000),
+    8: dict(name="32x16 prompt by prompt over 250 ms", kind="burst", groups=[16] * 32,
+            spread_ms=250, prompt_by_prompt=True),
 }
 
 
@@ -318,7 +320,8 @@ async def step_burst(sender, rng, vocab, shape, tag, args):
     for g, n in enumerate(shape["groups"]):
         for k in range(n):
             reqs.append((g, k))
-    rng.shuffle(reqs)
+    if not shape.get("prompt_by_prompt"):
+        rng.shuffle(reqs)
     offs = offsets(rng, len(reqs), shape["spread_ms"])
     bodies = [sender.body(p) for p in prompts]
     plan = []
