@@ -664,7 +664,19 @@ impl Harness {
             .map(drop)
     }
 
-    /// Hands the instance a snapshot an earlier instance answered for `state`.
+    /// What a later instance needs to take this one's state over (the `export_state`
+    /// extension), `None` when it keeps none.
+    #[cfg(not(feature = "api-1-2"))]
+    pub fn export_state(&self) -> Result<Option<serde_json::Value>, PluginError> {
+        let text = self
+            .instance
+            .extension(crate::sdk::extensions::EXPORT_STATE, "")?;
+        let value: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| PluginError::failed(format!("export_state is not JSON: {e}")))?;
+        Ok((!value.is_null()).then_some(value))
+    }
+
+    /// Hands the instance a snapshot an earlier instance answered for `export_state`.
     #[cfg(not(feature = "api-1-2"))]
     pub fn import_state(&self, state: &serde_json::Value) -> Result<(), PluginError> {
         self.instance
@@ -932,6 +944,8 @@ mod tests {
 
         harness.import_state(&serde_json::json!(40)).unwrap();
         assert_eq!(harness.state().unwrap(), Some(serde_json::json!(40)));
+        // Without an export of its own, the instance hands over its state.
+        assert_eq!(harness.export_state().unwrap(), Some(serde_json::json!(40)));
         let refused = harness
             .import_state(&serde_json::json!("forty"))
             .unwrap_err();

@@ -26,6 +26,7 @@ use tokio::sync::{oneshot, watch, Notify};
 
 use super::clock::RealClock;
 use crate::fleet::FleetState;
+use crate::pipeline::carry::Carried;
 use crate::pipeline::record::{DecisionTrace, TracePool};
 use crate::pipeline::scheduler::PluginStats;
 use crate::pipeline::{Decision, Fleet, Pipeline, Predicted, Rejection, Request, Scheduler};
@@ -378,13 +379,14 @@ impl LiveScheduler {
 
     /// Makes `pipeline` the one new requests go through, between two decisions: requests
     /// waiting in a window are decided first, by the pipeline they entered.
-    pub fn replace_pipeline(&self, pipeline: Arc<Pipeline>) {
+    pub fn replace_pipeline(&self, pipeline: Pipeline) -> Vec<(String, Carried)> {
         let mut inner = self.lock();
         let now = self.clock.now_ms();
         let started = Instant::now();
-        let decisions = inner.scheduler.replace_pipeline(pipeline, now);
+        let (decisions, carried) = inner.scheduler.replace_pipeline(pipeline, now);
         let cost = started.elapsed() / decisions.len().max(1) as u32;
         self.deliver(&mut inner, decisions, cost);
+        carried
     }
 
     /// Requests in flight per endpoint id, and in total.

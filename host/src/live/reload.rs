@@ -6,9 +6,13 @@
 //! effective rendering and the digests of its libraries).
 //!
 //! What carries over: an instance whose name, type, library bytes and parameters are
-//! unchanged is the same instance in the new pipeline, with its state and its counters;
-//! requests dispatched before the reload complete on the instances that placed them.
-//! Everything else starts fresh. The `[serve]` section, the `[fleet]` scrape settings and
+//! unchanged is the same instance in the new pipeline, with its state and its counters. One
+//! whose name and type are unchanged but whose library or parameters changed is a new
+//! instance that takes over its predecessor's state (`export_state` → `import_state`, plugin
+//! API 1.3), while the decisions stand still; when either library cannot, it starts empty and
+//! the reload says why. Requests dispatched before the reload complete on the instance of
+//! their lineage: the kept one, or the one that took the state over. Everything else starts
+//! fresh. The `[serve]` section, the `[fleet]` scrape settings and
 //! the command line are read at start only.
 
 use std::path::PathBuf;
@@ -20,6 +24,7 @@ use serde_json::{json, Value};
 use crate::config::LoadedConfig;
 use crate::fleet::Membership;
 use crate::live::LiveScheduler;
+use crate::pipeline::carry::Carried;
 use crate::pipeline::{build_from, load_registry, Options, Pipeline};
 use crate::plugins::{LibraryFile, Registry};
 
@@ -30,8 +35,14 @@ pub enum Reloaded {
         generation: u64,
         /// Instances taken over from the previous pipeline, by label.
         kept: Vec<String>,
-        /// Instances created for this pipeline, by label.
+        /// New instances that took over the state of the one they replace (same name and
+        /// type, another library or other parameters), by label.
+        carried: Vec<String>,
+        /// Instances created for this pipeline that start empty, by label.
         created: Vec<String>,
+        /// Of those, the ones that replace an instance whose state could not carry over,
+        /// with why.
+        fresh: Vec<(String, String)>,
     },
     Refused {
         /// The generation still running.
@@ -46,12 +57,19 @@ impl Reloaded {
             Reloaded::Applied {
                 generation,
                 kept,
+                carried,
                 created,
+                fresh,
             } => json!({
                 "result": "applied",
                 "generation": generation,
                 "kept": kept,
+                "carried": carried,
                 "created": created,
+                "fresh": fresh
+                    .iter()
+                    .map(|(label, why)| (label.clone(), Value::from(why.as_str())))
+                    .collect::<serde_json::Map<_, _>>(),
                 "libraries": libraries_json(libraries),
             }),
             Reloaded::Refused { generation, reason } => json!({
@@ -160,9 +178,19 @@ impl Reloader {
         let previous = self.live.pipeline();
         match self.prepare(&previous) {
             Ok((registry, pipeline, effective, members)) => {
-                let (kept, created) = compare(&previous, &pipeline);
+                let (kept, mut created) = compare(&previous, &pipeline);
                 self.membership.apply(members);
-                self.live.replace_pipeline(Arc::new(pipeline));
+                let mut carried = Vec::new();
+                let mut fresh = Vec::new();
+                for (label, outcome) in self.live.replace_pipeline(pipeline) {
+                    match outcome {
+                        Carried::Taken => {
+                            created.retain(|c| *c != label);
+                            carried.push(label);
+                        }
+                        Carried::Fresh(why) => fresh.push((label, why)),
+                    }
+                }
                 *running = Running {
                     registry,
                     effective: Arc::new(effective),
@@ -172,14 +200,24 @@ impl Reloader {
                 tracing::info!(
                     generation,
                     kept = %kept.join(", "),
+                    carried = %carried.join(", "),
                     created = %created.join(", "),
                     "{cause}: reloaded {}",
                     self.config_path.display()
                 );
+                for (label, why) in &fresh {
+                    tracing::warn!(
+                        generation,
+                        plugin = %label,
+                        "{cause}: {label} starts with an empty state: {why}"
+                    );
+                }
                 Reloaded::Applied {
                     generation,
                     kept,
+                    carried,
                     created,
+                    fresh,
                 }
             }
             Err(reason) => {

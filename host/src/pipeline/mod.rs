@@ -2,6 +2,7 @@
 //! producers, filters, scorers and the picker, noting what each decision predicted about the
 //! chosen endpoint's prefix cache.
 
+pub mod carry;
 pub mod prediction;
 pub mod record;
 pub mod request;

@@ -25,6 +25,7 @@ use switchyard_plugin_api::{
     PromptTokens, RequestView,
 };
 
+use super::carry::{carry_state, Carried};
 use super::prediction::Predicted;
 use super::record::{DecisionTrace, TracePool, WindowTrace};
 use super::request::{Endpoint, Fleet, Request};
@@ -602,17 +603,18 @@ impl Scheduler {
         let placed_by = Arc::clone(&done.pipeline);
         let current = Arc::ptr_eq(&placed_by, &self.pipeline);
         for &old in &placed_by.producers {
-            // Placed before a reload: only an instance the reload kept has its charge; one
-            // the reload replaced is gone with its state, and a new one never saw the request.
+            // Placed before a reload: only an instance of the same lineage has its charge —
+            // the one the reload kept, or the one that took its state over; one the reload
+            // replaced afresh is gone with its state, and a new one never saw the request.
             let plugin = if current {
                 old
             } else {
-                let object = &placed_by.plugins[old].object;
+                let lineage = placed_by.plugins[old].lineage;
                 match self
                     .pipeline
                     .plugins
                     .iter()
-                    .position(|p| Arc::ptr_eq(&p.object, object))
+                    .position(|p| p.lineage == lineage)
                 {
                     Some(plugin) => plugin,
                     None => continue,
@@ -632,10 +634,16 @@ impl Scheduler {
     }
 
     /// Runs the requests of every open window through the current pipeline now, then makes
-    /// `pipeline` the one later requests go through. Instances `pipeline` shares with the
-    /// current one keep their counters; requests dispatched before complete on the instances
-    /// that placed them. Returns the decisions of the flushed windows.
-    pub fn replace_pipeline(&mut self, pipeline: Arc<Pipeline>, now_ms: f64) -> Vec<Decision> {
+    /// `pipeline` the one later requests go through, its new instances first taking over the
+    /// state of the ones they replace ([`carry_state`]). Instances of the same lineage keep
+    /// their counters; requests dispatched before complete on the instance of their lineage.
+    /// Returns the decisions of the flushed windows and what became of each replaced
+    /// instance's state.
+    pub fn replace_pipeline(
+        &mut self,
+        mut pipeline: Pipeline,
+        now_ms: f64,
+    ) -> (Vec<Decision>, Vec<(String, Carried)>) {
         let mut decisions = Vec::new();
         // A flushed request may park in a later producer's window: flush until none is open.
         while self.windows.iter().any(Option::is_some) {
@@ -644,6 +652,7 @@ impl Scheduler {
             }
             decisions.extend(self.advance(now_ms));
         }
+        let carried = carry_state(&mut pipeline);
         let stats = pipeline
             .plugins
             .iter()
@@ -651,14 +660,14 @@ impl Scheduler {
                 self.pipeline
                     .plugins
                     .iter()
-                    .position(|old| Arc::ptr_eq(&old.object, &new.object))
+                    .position(|old| old.lineage == new.lineage)
                     .map_or_else(PluginStats::default, |old| self.stats[old])
             })
             .collect();
         self.stats = stats;
         self.windows = pipeline.producers.iter().map(|_| None).collect();
-        self.pipeline = pipeline;
-        decisions
+        self.pipeline = Arc::new(pipeline);
+        (decisions, carried)
     }
 
     /// Whether a producer's calls are skipped: switched off, or work the host does itself.

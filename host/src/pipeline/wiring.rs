@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use switchyard_plugin_api::sdk::extensions;
 
@@ -35,6 +36,14 @@ pub struct WiredPlugin {
     pub stability: Stability,
     /// Shared with the pipelines a reload builds while the instance stays unchanged.
     pub object: Arc<PluginInstance>,
+    /// The line of instances this one continues: the same as its predecessor's when a reload
+    /// kept the instance or when the new instance took its predecessor's state over. Requests
+    /// placed before a reload complete on the instance of the same lineage.
+    pub lineage: u64,
+    /// The instance of the running pipeline this new one replaces (same name and type, other
+    /// library or parameters) and its lineage, until a reload hands its state over; `None`
+    /// otherwise.
+    pub predecessor: Option<(Arc<PluginInstance>, u64)>,
     /// SHA-256 of the library the instance comes from; `None` for a built-in type.
     pub digest: Option<String>,
     /// The JSON parameters the instance was created with.
@@ -333,36 +342,64 @@ fn batch_quiet_ms(object: &PluginInstance, window_ms: u64) -> Option<u64> {
     (1..window_ms).contains(&quiet).then_some(quiet)
 }
 
+/// An instance for a pipeline being built, and where it comes from.
+struct Created {
+    object: Arc<PluginInstance>,
+    lineage: u64,
+    predecessor: Option<(Arc<PluginInstance>, u64)>,
+}
+
+/// A lineage no instance has had yet.
+fn new_lineage() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 /// The instance of `previous` named `name` when it has the same type, library bytes and
-/// parameters, else a new one.
+/// parameters, else a new one — noting the instance of that name and type it replaces, so a
+/// reload can hand its state over.
 fn reuse_or_create(
     previous: Option<&Pipeline>,
     name: &str,
     plugin_type: &crate::plugins::PluginType,
     parameters: &str,
-) -> Result<Arc<PluginInstance>, switchyard_plugin_api::PluginError> {
-    let same = previous.and_then(|pipeline| {
-        pipeline.plugins.iter().find(|p| {
-            p.name == name
-                && p.type_name == plugin_type.name()
-                && p.source == plugin_type.source
-                && p.digest == plugin_type.digest
-                && p.parameters == parameters
-        })
+) -> Result<Created, switchyard_plugin_api::PluginError> {
+    let namesake = previous.and_then(|pipeline| {
+        pipeline
+            .plugins
+            .iter()
+            .find(|p| p.name == name && p.type_name == plugin_type.name())
     });
-    match same {
-        Some(wired) => Ok(wired.object.clone()),
-        None => plugin_type.create(name, parameters).map(Arc::new),
+    if let Some(same) = namesake.filter(|p| {
+        p.source == plugin_type.source
+            && p.digest == plugin_type.digest
+            && p.parameters == parameters
+    }) {
+        return Ok(Created {
+            object: same.object.clone(),
+            lineage: same.lineage,
+            predecessor: None,
+        });
     }
+    Ok(Created {
+        object: Arc::new(plugin_type.create(name, parameters)?),
+        lineage: new_lineage(),
+        predecessor: namesake.map(|p| (p.object.clone(), p.lineage)),
+    })
 }
 
 fn wire_instance(
     name: String,
     plugin_type: &crate::plugins::PluginType,
-    object: Arc<PluginInstance>,
+    created: Created,
     parameters: String,
     auto_created: bool,
 ) -> WiredPlugin {
+    let Created {
+        object,
+        lineage,
+        predecessor,
+    } = created;
     let call_label = label(&name, plugin_type.name());
     let declarations = {
         let _call = crate::plugins::crash_note::enter(&call_label, "declare");
@@ -385,6 +422,8 @@ fn wire_instance(
         source: plugin_type.source.clone(),
         stability: plugin_type.stability(),
         object,
+        lineage,
+        predecessor,
         digest: plugin_type.digest.clone(),
         parameters,
         declarations,
@@ -708,10 +747,16 @@ fn resolve_profile(
                     let object = plugin_type.create(DEFAULT_PICKER, "null").map_err(|e| {
                         ConfigError::new(&config.path, format!("default picker: {e}"))
                     })?;
+                    // A picker keeps no state: a new one each build.
+                    let created = Created {
+                        object: Arc::new(object),
+                        lineage: new_lineage(),
+                        predecessor: None,
+                    };
                     plugins.push(wire_instance(
                         DEFAULT_PICKER.to_string(),
                         plugin_type,
-                        Arc::new(object),
+                        created,
                         "null".to_string(),
                         true,
                     ));

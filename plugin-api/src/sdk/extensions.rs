@@ -23,9 +23,18 @@ pub const BATCH_QUIET: &str = "batch_quiet";
 #[cfg(not(feature = "api-1-2"))]
 pub const KV_EVENTS: &str = "kv_events";
 
-/// Since 1.3: the counterpart of [`STATE`]: the input is a JSON snapshot an earlier instance
-/// of the same plugin answered for `state`, possibly from another version of the library or
-/// with other parameters. Answers `null` once the instance has taken it over;
-/// `Unsupported` when it cannot take state over, an error when this snapshot does not fit.
+/// Since 1.3: the counterpart of [`EXPORT_STATE`]: the input is a JSON snapshot an earlier
+/// instance of the same plugin answered for `export_state` (or, when it answered
+/// `Unsupported` there, for `state`), possibly from another version of the library or with
+/// other parameters. Answers `null` once the instance has taken it over; `Unsupported` when
+/// it cannot take state over, an error when this snapshot does not fit.
 #[cfg(not(feature = "api-1-2"))]
 pub const IMPORT_STATE: &str = "import_state";
+
+/// Since 1.3: everything a later instance needs to take this one's state over (a reload that
+/// changed the library or the parameters), as JSON; `null` when it keeps none. Unlike
+/// [`STATE`], which an operator reads, it may be large (a whole prefix index). The host asks
+/// only while it holds the decisions still, right before the new instance's `import_state`.
+/// Input is ignored.
+#[cfg(not(feature = "api-1-2"))]
+pub const EXPORT_STATE: &str = "export_state";

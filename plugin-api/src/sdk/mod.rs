@@ -124,12 +124,19 @@ pub trait Producer: Send + Sync + 'static {
         None
     }
 
-    /// Since 1.3: takes over a snapshot an earlier instance answered from [`Producer::state`]
-    /// (the `import_state` extension), e.g. across a reload that changed the library or the
-    /// parameters. The default cannot.
+    /// Since 1.3: takes over a snapshot an earlier instance answered from
+    /// [`Producer::export_state`] (the `import_state` extension), e.g. across a reload that
+    /// changed the library or the parameters. The default cannot.
     #[cfg(not(feature = "api-1-2"))]
     fn import_state(&self, _state: serde_json::Value) -> Result<(), PluginError> {
         Err(cannot_import())
+    }
+
+    /// Since 1.3: what a later instance needs to take this one's state over (the
+    /// `export_state` extension). The default is [`Producer::state`].
+    #[cfg(not(feature = "api-1-2"))]
+    fn export_state(&self) -> Option<serde_json::Value> {
+        self.state()
     }
 
     /// Since 1.3, with [`Declare::kv_events`]: one endpoint's KV-cache events, in the order
@@ -176,6 +183,12 @@ pub trait Filter: Send + Sync + 'static {
     fn import_state(&self, _state: serde_json::Value) -> Result<(), PluginError> {
         Err(cannot_import())
     }
+
+    /// Since 1.3: as [`Producer::export_state`].
+    #[cfg(not(feature = "api-1-2"))]
+    fn export_state(&self) -> Option<serde_json::Value> {
+        self.state()
+    }
 }
 
 /// What a scorer writes.
@@ -207,6 +220,12 @@ pub trait Scorer: Send + Sync + 'static {
     #[cfg(not(feature = "api-1-2"))]
     fn import_state(&self, _state: serde_json::Value) -> Result<(), PluginError> {
         Err(cannot_import())
+    }
+
+    /// Since 1.3: as [`Producer::export_state`].
+    #[cfg(not(feature = "api-1-2"))]
+    fn export_state(&self) -> Option<serde_json::Value> {
+        self.state()
     }
 }
 

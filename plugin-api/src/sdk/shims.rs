@@ -73,6 +73,16 @@ impl Instance {
     }
 
     #[cfg(not(feature = "api-1-2"))]
+    fn export_state(&self) -> Option<serde_json::Value> {
+        match self {
+            Instance::Producer(p) => p.export_state(),
+            Instance::Filter(f) => f.export_state(),
+            Instance::Scorer(s) => s.export_state(),
+            Instance::Picker(_) => None,
+        }
+    }
+
+    #[cfg(not(feature = "api-1-2"))]
     fn import_state(&self, state: serde_json::Value) -> Result<(), PluginError> {
         match self {
             Instance::Producer(p) => p.import_state(state),
@@ -323,6 +333,12 @@ unsafe extern "C" fn extension(
             }
             #[cfg(not(feature = "api-1-2"))]
             super::extensions::KV_EVENTS => this.kv_events(input.as_str()),
+            #[cfg(not(feature = "api-1-2"))]
+            super::extensions::EXPORT_STATE => Ok(this
+                .export_state()
+                .unwrap_or(serde_json::Value::Null)
+                .to_string()
+                .into()),
             #[cfg(not(feature = "api-1-2"))]
             super::extensions::IMPORT_STATE => {
                 let state = serde_json::from_str(input.as_str()).map_err(|e| {

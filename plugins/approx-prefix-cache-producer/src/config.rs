@@ -160,7 +160,7 @@ impl ApproxPrefixCacheConfig {
     }
 
     /// `blockSizeTokens`, or the deprecated `blockSize` when that is set and the former is not.
-    fn configured_block_size(&self) -> u32 {
+    pub fn configured_block_size(&self) -> u32 {
         let tokens = if self.block_size > 0 && self.block_size_tokens == DEFAULT_BLOCK_SIZE_TOKENS {
             self.block_size
         } else {

@@ -151,14 +151,7 @@ impl PrefixIndex {
                 return;
             }
         }
-        let mut touch = |hash: u64| {
-            if let Touch::Inserted { evicted } = endpoint.blocks.touch(hash) {
-                if let Some(evicted) = evicted {
-                    release(holders, evicted, slot);
-                }
-                holders.entry(hash).or_default().push(slot);
-            }
-        };
+        let mut touch = |hash: u64| touch_block(endpoint, holders, slot, hash);
         if let [only] = prompts.ends.as_slice() {
             // One prompt (the usual case): deepest first is simply back to front.
             prompts.hashes[..*only]
@@ -239,6 +232,34 @@ impl PrefixIndex {
             })
     }
 
+    /// The endpoints known, in slot order, each with its capacity and its blocks from the
+    /// least to the most recent: what [`PrefixIndex::restore`] takes back.
+    pub fn export(&self) -> impl Iterator<Item = (usize, &str, usize, Vec<u64>)> + '_ {
+        self.endpoints
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, entry)| {
+                let endpoint = entry.as_ref()?;
+                let mut blocks: Vec<u64> = endpoint.blocks.iter().collect();
+                blocks.reverse();
+                Some((slot, &*endpoint.id, endpoint.blocks.capacity(), blocks))
+            })
+    }
+
+    /// Makes the endpoint `id` in `slot` hold `blocks`, given from the least to the most
+    /// recent, with `capacity` (the least recent dropped beyond it), as if dispatched in that
+    /// order.
+    pub fn restore(&mut self, slot: usize, id: &str, capacity: usize, blocks: &[u64]) {
+        self.claim(slot, id, capacity);
+        let Self { endpoints, holders } = self;
+        let Some(Some(endpoint)) = endpoints.get_mut(slot) else {
+            return;
+        };
+        for &hash in blocks {
+            touch_block(endpoint, holders, slot, hash);
+        }
+    }
+
     /// The id of the endpoint in `slot`, if any.
     pub fn endpoint_id(&self, slot: usize) -> Option<&str> {
         match self.endpoints.get(slot) {
@@ -301,6 +322,22 @@ impl PrefixIndex {
                 release(&mut self.holders, hash, slot);
             }
         }
+    }
+}
+
+/// Makes `hash` the most recent block of the endpoint in `slot`, keeping the reverse map in
+/// step with what the set takes in and evicts.
+fn touch_block(
+    endpoint: &mut EndpointBlocks,
+    holders: &mut HashMap<u64, Vec<usize>, BuildBlockKeyHasher>,
+    slot: usize,
+    hash: u64,
+) {
+    if let Touch::Inserted { evicted } = endpoint.blocks.touch(hash) {
+        if let Some(evicted) = evicted {
+            release(holders, evicted, slot);
+        }
+        holders.entry(hash).or_default().push(slot);
     }
 }
 

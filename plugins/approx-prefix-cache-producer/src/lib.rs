@@ -10,6 +10,7 @@ pub mod index;
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use serde::Deserialize;
 use serde_json::json;
 use switchyard_plugin_api::keys::{PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER};
 use switchyard_plugin_api::sdk::{Declare, Instance, Param, PluginFactory, ProduceBatch, Producer};
@@ -323,6 +324,59 @@ impl Producer for ApproxProducer {
         self.return_scratch(scratch);
     }
 
+    /// The whole index, each endpoint's blocks as one hex string (16 digits a block, least
+    /// recent first), with what the hashes depend on.
+    fn export_state(&self) -> Option<serde_json::Value> {
+        let index = lock(&self.index);
+        let endpoints: Vec<_> = index
+            .export()
+            .map(|(host_index, id, capacity, blocks)| {
+                let mut hex = String::with_capacity(blocks.len() * 16);
+                for block in blocks {
+                    hex.push_str(&format!("{block:016x}"));
+                }
+                json!({"hostIndex": host_index, "id": id, "capacity": capacity, "blocks": hex})
+            })
+            .collect();
+        Some(json!({
+            "autoTune": self.config.auto_tune,
+            "blockSizeTokens": self.config.configured_block_size(),
+            "endpoints": endpoints,
+        }))
+    }
+
+    /// Takes over an index [`Producer::export_state`] wrote, when its blocks were hashed as
+    /// this instance hashes them.
+    fn import_state(&self, state: serde_json::Value) -> Result<(), PluginError> {
+        let snapshot: Snapshot = serde_json::from_value(state)
+            .map_err(|e| PluginError::failed(format!("not an exported index: {e}")))?;
+        let ours = (self.config.auto_tune, self.config.configured_block_size());
+        if (snapshot.auto_tune, snapshot.block_size_tokens) != ours {
+            return Err(PluginError::failed(format!(
+                "the index was hashed with autoTune = {}, blockSizeTokens = {}; this instance \
+                 hashes with autoTune = {}, blockSizeTokens = {}",
+                snapshot.auto_tune, snapshot.block_size_tokens, ours.0, ours.1
+            )));
+        }
+        let mut restored = PrefixIndex::new();
+        for endpoint in &snapshot.endpoints {
+            let blocks = parse_blocks(&endpoint.blocks).ok_or_else(|| {
+                PluginError::failed(format!(
+                    "the blocks of endpoint {} are not 16-digit hex hashes",
+                    endpoint.id
+                ))
+            })?;
+            restored.restore(
+                endpoint.host_index,
+                &endpoint.id,
+                endpoint.capacity,
+                &blocks,
+            );
+        }
+        *lock(&self.index) = restored;
+        Ok(())
+    }
+
     fn state(&self) -> Option<serde_json::Value> {
         let index = lock(&self.index);
         let endpoints: Vec<_> = index
@@ -336,6 +390,35 @@ impl Producer for ApproxProducer {
             "distinctBlocks": index.distinct_blocks(),
         }))
     }
+}
+
+/// An index as [`Producer::export_state`] writes it.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Snapshot {
+    auto_tune: bool,
+    block_size_tokens: u32,
+    endpoints: Vec<SnapshotEndpoint>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SnapshotEndpoint {
+    host_index: usize,
+    id: String,
+    capacity: usize,
+    blocks: String,
+}
+
+/// Block hashes written as consecutive 16-digit hex numbers.
+fn parse_blocks(hex: &str) -> Option<Vec<u64>> {
+    if !hex.len().is_multiple_of(16) || !hex.is_ascii() {
+        return None;
+    }
+    (0..hex.len())
+        .step_by(16)
+        .map(|at| u64::from_str_radix(&hex[at..at + 16], 16).ok())
+        .collect()
 }
 
 /// Hashes the prompts of `request` into `out` (cleared first).

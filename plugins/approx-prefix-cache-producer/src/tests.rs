@@ -203,6 +203,47 @@ fn state_lists_endpoints_and_distinct_blocks() {
 }
 
 #[test]
+fn a_successor_with_other_parameters_takes_the_index_over() {
+    let producer = instance("null");
+    let a = endpoint(4, "ns/a", 16, 0);
+    let b = endpoint(1, "ns/b", 16, 0);
+    let (first, mut second) = (three_blocks(), three_blocks());
+    second[0] = 999_999;
+    dispatch(&producer, &[&first], &a);
+    dispatch(&producer, &[&second], &b);
+    dispatch(&producer, &[&first[..128]], &b);
+    let exported = producer.export_state().expect("exports").expect("an index");
+
+    // Another capacity, the same hashing: every match is as before.
+    let successor = instance(r#"{"lruCapacityPerServer": 1000}"#);
+    successor.import_state(&exported).expect("takes it over");
+    for prompt in [&first, &second] {
+        assert_eq!(
+            produce(&successor, &[prompt], &[&a, &b]),
+            produce(&producer, &[prompt], &[&a, &b])
+        );
+    }
+    assert_eq!(successor.state().unwrap(), producer.state().unwrap());
+    assert_eq!(successor.export_state().unwrap(), Some(exported.clone()));
+
+    // Blocks of another size would never match: refused, and the successor stays empty.
+    let other = instance(r#"{"autoTune": false, "blockSizeTokens": 128}"#);
+    let refused = other.import_state(&exported).unwrap_err();
+    assert!(
+        refused.message.contains("blockSizeTokens = 16"),
+        "{refused}"
+    );
+    assert_eq!(
+        produce(&other, &[&first], &[&a]),
+        [pmi(0, 2, 128)],
+        "nothing taken over"
+    );
+    let garbled = json!({"autoTune": true, "blockSizeTokens": 64,
+        "endpoints": [{"hostIndex": 0, "id": "x", "capacity": 4, "blocks": "12z4"}]});
+    assert!(successor.import_state(&garbled).is_err());
+}
+
+#[test]
 fn unknown_parameter_is_refused_with_its_name() {
     let error = refused(r#"{"blockSizeToken": 64}"#);
     assert_eq!(error.kind, ErrorKind::InvalidParameter);

@@ -65,6 +65,7 @@ fn a_library_built_against_an_older_minor_loads_and_works() {
     assert_unsupported(&scorer, extensions::BATCH_QUIET);
     assert_unsupported(&scorer, extensions::KV_EVENTS);
     assert_unsupported(&scorer, extensions::IMPORT_STATE);
+    assert_unsupported(&scorer, extensions::EXPORT_STATE);
 }
 
 /// Loads a fixture library and checks that it was built against API 1.`minor`.
@@ -103,6 +104,7 @@ fn a_library_built_against_1_1_loads_and_keeps_the_fixed_window() {
     assert_unsupported(&producer, extensions::BATCH_QUIET);
     assert_unsupported(&producer, extensions::KV_EVENTS);
     assert_unsupported(&producer, extensions::IMPORT_STATE);
+    assert_unsupported(&producer, extensions::EXPORT_STATE);
 }
 
 #[test]
@@ -134,6 +136,7 @@ fn a_library_built_against_1_2_loads_and_takes_no_kv_events() {
         .expect_err("a 1.2 library takes no KV events");
     assert_eq!(error.kind, switchyard_plugin_api::ErrorKind::Unsupported);
     assert_unsupported(&producer, extensions::IMPORT_STATE);
+    assert_unsupported(&producer, extensions::EXPORT_STATE);
 }
 
 #[test]

@@ -413,3 +413,127 @@ type = "queue-scorer"
         assert_eq!(served_by(&router).await, "r0");
     }
 }
+
+fn carrying_pipeline(estimate_output: bool, lru_capacity: u32) -> String {
+    format!(
+        r#"
+[[plugins]]
+type = "inflight-load-producer"
+parameters = {{ addEstimatedOutputTokens = {estimate_output} }}
+[[plugins]]
+type = "approx-prefix-cache-producer"
+parameters = {{ lruCapacityPerServer = {lru_capacity}, autoTune = false }}
+[[plugins]]
+type = "load-aware-scorer"
+[[plugins]]
+type = "prefix-cache-scorer"
+parameters = {{ prefixMatchInfoProducerName = "approx-prefix-cache-producer" }}
+[[profiles]]
+name = "default"
+scorers = [
+    {{ plugin = "load-aware-scorer", weight = 1.0 }},
+    {{ plugin = "prefix-cache-scorer", weight = 1.0 }},
+]
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_changes_a_producers_parameters_carries_its_state_over() {
+    let replica = start_replica("r0", &["--model", "test-model"]).await;
+    let dir = temp_dir("reload-carry");
+    let endpoints = format!(
+        "libraries = [\"approx_prefix_cache_producer\", \"prefix_cache_scorer\"]\n\n\
+         [fleet]\nscrape_interval_ms = 0\n\n[[endpoints]]\nname = \"r0\"\naddress = \"{}\"\n",
+        replica.addr
+    );
+    let router = start_router(
+        &dir,
+        &format!("{endpoints}{}", carrying_pipeline(false, 1000)),
+        "",
+        &[],
+    )
+    .await;
+    let held: Vec<_> = ["carried-1", "carried-2"]
+        .into_iter()
+        .map(|id| held_completion(&router, id, 1500))
+        .collect();
+    assert!(reaches(&router, "switchyard_in_flight_total", 2.0).await);
+    let state = |router: &Router| {
+        let admin = router.admin;
+        async move { json(send(admin, "GET", "/plugins/state", &[], "").await).await }
+    };
+    let before = state(&router).await;
+    assert_eq!(
+        before["inflight-load-producer"]["openRequests"], 2,
+        "{before}"
+    );
+    let blocks = before["approx-prefix-cache-producer"]["distinctBlocks"].clone();
+    assert!(blocks.as_u64().is_some_and(|n| n > 0), "{before}");
+
+    // Both producers get other parameters: new instances, which take the state over.
+    rewrite(
+        &router,
+        &format!("{endpoints}{}", carrying_pipeline(true, 2000)),
+    );
+    let response = send(router.admin, "POST", "/reload", &[], "").await;
+    assert_eq!(response.status(), 200);
+    let result = json(response).await;
+    assert_eq!(result["result"], "applied", "{result}");
+    let carried: Vec<&str> = result["carried"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no carried in {result}"))
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(carried.contains(&"inflight-load-producer"), "{result}");
+    assert!(
+        carried.contains(&"approx-prefix-cache-producer"),
+        "{result}"
+    );
+    assert_eq!(result["fresh"], serde_json::json!({}), "{result}");
+    let after = state(&router).await;
+    assert_eq!(
+        after["inflight-load-producer"]["openRequests"], 2,
+        "{after}"
+    );
+    assert_eq!(
+        after["approx-prefix-cache-producer"]["distinctBlocks"], blocks,
+        "{after}"
+    );
+
+    // The requests placed before the reload release their charges on the successor.
+    for task in held {
+        assert_eq!(task.await.expect("request task"), 200);
+    }
+    assert!(reaches(&router, "switchyard_in_flight_total", 0.0).await);
+    let settled = state(&router).await;
+    assert_eq!(
+        settled["inflight-load-producer"]["openRequests"], 0,
+        "{settled}"
+    );
+    assert_eq!(
+        settled["inflight-load-producer"]["endpoints"],
+        serde_json::json!([]),
+        "{settled}"
+    );
+
+    // A block size the index was not hashed with: the successor starts empty, and says why.
+    let other_blocks = carrying_pipeline(true, 2000).replace(
+        "autoTune = false",
+        "autoTune = false, blockSizeTokens = 128",
+    );
+    rewrite(&router, &format!("{endpoints}{other_blocks}"));
+    let result = json(send(router.admin, "POST", "/reload", &[], "").await).await;
+    assert_eq!(result["result"], "applied", "{result}");
+    let why = result["fresh"]["approx-prefix-cache-producer"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no reason in {result}"));
+    assert!(why.contains("blockSizeTokens"), "{result}");
+    assert!(
+        log(&router).contains("approx-prefix-cache-producer starts with an empty state"),
+        "{}",
+        log(&router)
+    );
+    assert_eq!(served_by(&router).await, "r0");
+}

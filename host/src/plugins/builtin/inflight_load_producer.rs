@@ -258,6 +258,50 @@ impl Producer for InFlightLoadProducer {
         }
     }
 
+    /// Every open charge, so a successor releases them as this instance would have.
+    fn export_state(&self) -> Option<serde_json::Value> {
+        let ledger = self.ledger();
+        let open: Vec<_> = ledger
+            .open
+            .iter()
+            .map(|(request, charges)| {
+                let charges: Vec<_> = charges.iter().map(|c| (c.host_index, c.tokens)).collect();
+                json!({"request": request, "charges": charges})
+            })
+            .collect();
+        Some(json!({ "open": open }))
+    }
+
+    /// Takes over the open charges of a predecessor: each is released, with the tokens it
+    /// charged, when its request completes here.
+    fn import_state(&self, state: serde_json::Value) -> Result<(), PluginError> {
+        let snapshot: Snapshot = serde_json::from_value(state).map_err(|e| {
+            PluginError::failed(format!(
+                "not the open charges of an in-flight producer: {e}"
+            ))
+        })?;
+        let mut ledger = Ledger::default();
+        for open in snapshot.open {
+            let charges: Vec<Charge> = open
+                .charges
+                .into_iter()
+                .map(|(host_index, tokens)| Charge { host_index, tokens })
+                .collect();
+            for charge in &charges {
+                let index = charge.host_index as usize;
+                if ledger.loads.len() <= index {
+                    ledger.loads.resize(index + 1, InFlightLoad::default());
+                }
+                let load = &mut ledger.loads[index];
+                load.requests = load.requests.saturating_add(1);
+                load.tokens = load.tokens.saturating_add(charge.tokens);
+            }
+            ledger.open.insert(open.request, charges);
+        }
+        *self.ledger() = ledger;
+        Ok(())
+    }
+
     fn state(&self) -> Option<serde_json::Value> {
         let ledger = self.ledger();
         let endpoints: Vec<_> = (0u32..)
@@ -276,6 +320,19 @@ impl Producer for InFlightLoadProducer {
             "endpoints": endpoints,
         }))
     }
+}
+
+/// The open charges [`Producer::export_state`] writes.
+#[derive(Deserialize)]
+struct Snapshot {
+    open: Vec<OpenCharges>,
+}
+
+#[derive(Deserialize)]
+struct OpenCharges {
+    request: String,
+    /// `(host index, tokens)` per endpoint charged.
+    charges: Vec<(u32, i64)>,
 }
 
 #[cfg(test)]

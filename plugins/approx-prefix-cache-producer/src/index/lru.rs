@@ -91,7 +91,6 @@ impl Lru {
         self.index.len()
     }
 
-    #[cfg(test)]
     pub(super) fn capacity(&self) -> usize {
         self.capacity
     }

@@ -241,6 +241,47 @@ fn a_release_subtracts_the_estimate_it_added() {
 }
 
 #[test]
+fn a_successor_with_other_parameters_releases_the_charges_it_took_over() {
+    // The predecessor charged the output estimate; its successor does not, yet releases what
+    // was charged.
+    let before = create(
+        &FACTORY,
+        r#"{"addEstimatedOutputTokens": true, "maxEstimatedOutputTokens": 40}"#,
+    );
+    let endpoints = candidates();
+    let prompts = [PromptTokens {
+        tokens: RSlice::from_slice(&ONE_HUNDRED),
+    }];
+    let a = request("a", &prompts, -1, 0);
+    let b = request("b", &prompts, -1, 0);
+    before.dispatched(&a, &endpoints[1]).unwrap();
+    before.dispatched(&a, &endpoints[2]).unwrap();
+    before.dispatched(&b, &endpoints[1]).unwrap();
+    let exported = before.extension("export_state", "").unwrap();
+
+    let after = create(&FACTORY, "null");
+    after.extension("import_state", &exported).unwrap();
+    assert_eq!(loads(&after, &endpoints), loads(&before, &endpoints));
+    assert_eq!(loads(&after, &endpoints)[1], (2, 280));
+    after
+        .completed(&a, &endpoints[1], Outcome::Finished)
+        .unwrap();
+    after
+        .completed(&a, &endpoints[2], Outcome::Finished)
+        .unwrap();
+    assert_eq!(loads(&after, &endpoints), [(0, 0), (1, 140), (0, 0)]);
+    // New dispatches charge by the successor's own parameters.
+    let c = request("c", &prompts, -1, 0);
+    after.dispatched(&c, &endpoints[0]).unwrap();
+    assert_eq!(loads(&after, &endpoints)[0], (1, 100));
+
+    let error = after
+        .extension("import_state", r#"{"open": 3}"#)
+        .unwrap_err();
+    assert!(error.message.contains("open charges"), "{error}");
+}
+
+#[test]
 fn declares_its_key_and_the_tokenized_prompt() {
     let declarations = create(&FACTORY, "null").declarations();
     assert_eq!(
