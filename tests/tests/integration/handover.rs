@@ -237,8 +237,15 @@ async fn ten_hand_overs_under_load_lose_no_request() {
             previous_log.contains("handed over to process") && log.contains("taking over"),
             "hand-over {build}:\npredecessor:\n{previous_log}\nsuccessor:\n{log}"
         );
+        // A successor starts with an empty prefix index while the replicas keep their caches,
+        // so its predictions may drift for a while (a warning of their own); anything else
+        // warned about means the drain was not clean.
+        let unclean: Vec<&str> = previous_log
+            .lines()
+            .filter(|line| line.contains("WARN") && !line.contains("prefix predictions drifted"))
+            .collect();
         assert!(
-            !previous_log.contains("WARN"),
+            unclean.is_empty(),
             "hand-over {build}: the predecessor's drain was not clean\n{previous_log}"
         );
         windows.push((began, ended));
