@@ -77,9 +77,7 @@ fn main() {
         placed += decisions.iter().filter(|d| d.result.is_ok()).count();
         scheduler.complete(&id, Outcome::Finished, now);
         for trace in decisions.iter_mut().filter_map(|d| d.record.take()) {
-            if let Ok(trace) = Arc::try_unwrap(trace) {
-                traces.give_back(trace);
-            }
+            traces.give_back(trace);
         }
         let decided = std::time::Instant::now();
         in_scheduler += decided - started;

@@ -3,7 +3,6 @@
 
 use std::collections::HashMap;
 use std::io::Write;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -120,11 +119,11 @@ pub struct ReplayOutput {
         skip_serializing_if = "Option::is_none",
         serialize_with = "render_trace"
     )]
-    pub decision: Option<Arc<DecisionTrace>>,
+    pub decision: Option<Box<DecisionTrace>>,
 }
 
 fn render_trace<S: serde::Serializer>(
-    trace: &Option<Arc<DecisionTrace>>,
+    trace: &Option<Box<DecisionTrace>>,
     serializer: S,
 ) -> Result<S::Ok, S::Error> {
     trace.as_deref().serialize(serializer)

@@ -27,7 +27,7 @@ use tokio::sync::{oneshot, watch, Notify};
 use super::clock::RealClock;
 use crate::fleet::FleetState;
 use crate::pipeline::carry::Carried;
-use crate::pipeline::record::{DecisionTrace, TracePool};
+use crate::pipeline::record::TracePool;
 use crate::pipeline::scheduler::PluginStats;
 use crate::pipeline::{Decision, Fleet, Pipeline, Predicted, Rejection, Request, Scheduler};
 use crate::replay::ReplayOutput;
@@ -130,28 +130,8 @@ struct Delivery {
     arrival_ms: f64,
     decided_ms: f64,
     cost: Duration,
-    record: Option<Unfiled>,
+    record: Option<Arc<ReplayOutput>>,
     predicted: Predicted,
-}
-
-/// What a decision record needs beyond the delivery, until the handler files it.
-struct Unfiled {
-    endpoints: Vec<String>,
-    rejection: Option<Rejection>,
-    trace: Option<Arc<DecisionTrace>>,
-}
-
-impl Unfiled {
-    fn into_record(self, request_id: &str, arrival_ms: f64, decided_ms: f64) -> ReplayOutput {
-        ReplayOutput {
-            id: request_id.to_string(),
-            arrival_ms,
-            decided_ms,
-            endpoints: self.endpoints,
-            error: self.rejection.map(|r| r.to_string()),
-            decision: self.trace,
-        }
-    }
 }
 
 struct Inner {
@@ -170,13 +150,14 @@ struct Inner {
     /// Address of every endpoint seen, by id: a request decided for an endpoint that has
     /// left the fleet since its admission still finds it.
     addresses: HashMap<String, String>,
+    /// The latest decision records, oldest first. Filed as decisions are delivered, under the
+    /// lock the decision already holds, so a record costs no lock of its own.
+    records: VecDeque<Arc<ReplayOutput>>,
 }
 
 /// The scheduler of a live driver, its clock and its in-flight accounting.
 pub struct LiveScheduler {
     inner: Mutex<Inner>,
-    /// The latest `keep_records` decision records, oldest first.
-    records: Mutex<VecDeque<Arc<ReplayOutput>>>,
     window_due: Arc<Notify>,
     clock: RealClock,
     limits: Limits,
@@ -218,8 +199,8 @@ impl LiveScheduler {
                 in_flight: HashMap::new(),
                 total_in_flight: 0,
                 addresses: HashMap::new(),
+                records: VecDeque::with_capacity(keep_records),
             }),
-            records: Mutex::new(VecDeque::with_capacity(keep_records)),
             window_due: Arc::new(Notify::new()),
             clock,
             limits,
@@ -341,8 +322,6 @@ impl LiveScheduler {
             record,
             predicted,
         } = delivery;
-        let record = record
-            .map(|unfiled| self.file(unfiled.into_record(&request_id, arrival_ms, decided_ms)));
         let result = result.map(|placed| {
             let guard = InFlight {
                 live: self.clone(),
@@ -442,30 +421,26 @@ impl LiveScheduler {
 
     /// The latest decision records, oldest first.
     pub fn records(&self, limit: usize) -> Vec<Arc<ReplayOutput>> {
-        let records = self.records.lock().unwrap_or_else(|e| e.into_inner());
-        let skip = records.len().saturating_sub(limit);
-        records.iter().skip(skip).cloned().collect()
+        let inner = self.lock();
+        let skip = inner.records.len().saturating_sub(limit);
+        inner.records.iter().skip(skip).cloned().collect()
     }
 
-    /// Keeps `record` in the ring; the record it pushes out is freed after the lock, its
-    /// trace given back to the pool unless a reader still holds it.
-    fn file(&self, record: ReplayOutput) -> Arc<ReplayOutput> {
+    /// Keeps `record` in the ring; the record it pushes out gives its trace back to the pool
+    /// unless a reader still holds it.
+    fn file(&self, inner: &mut Inner, record: ReplayOutput) -> Arc<ReplayOutput> {
         let record = Arc::new(record);
-        let evicted = {
-            let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
-            let evicted = (records.len() >= self.keep_records)
-                .then(|| records.pop_front())
-                .flatten();
-            records.push_back(record.clone());
-            evicted
-        };
-        if let Some(trace) = evicted
-            .and_then(|evicted| Arc::try_unwrap(evicted).ok())
-            .and_then(|evicted| evicted.decision)
-            .and_then(|trace| Arc::try_unwrap(trace).ok())
-        {
-            self.traces.give_back(trace);
+        if inner.records.len() >= self.keep_records {
+            if let Some(trace) = inner
+                .records
+                .pop_front()
+                .and_then(|evicted| Arc::try_unwrap(evicted).ok())
+                .and_then(|evicted| evicted.decision)
+            {
+                self.traces.give_back(trace);
+            }
         }
+        inner.records.push_back(record.clone());
         record
     }
 
@@ -557,10 +532,16 @@ impl LiveScheduler {
             if result.is_err() {
                 inner.live_ids.remove(&decision.request_id);
             }
-            let record = (self.keep_records > 0).then(|| Unfiled {
-                endpoints: decision.endpoints,
-                rejection,
-                trace: decision.record,
+            let record = (self.keep_records > 0).then(|| {
+                let record = ReplayOutput {
+                    id: decision.request_id.clone(),
+                    arrival_ms: decision.arrival_ms,
+                    decided_ms: decision.decided_ms,
+                    endpoints: decision.endpoints,
+                    error: rejection.map(|r| r.to_string()),
+                    decision: decision.record,
+                };
+                self.file(inner, record)
             });
             let delivery = Delivery {
                 request_id: decision.request_id,
@@ -576,14 +557,7 @@ impl LiveScheduler {
                 None => Err(delivery),
             };
             if let Err(unsent) = unsent {
-                // The client left between admission and decision: its record is still kept.
-                if let Some(unfiled) = unsent.record {
-                    self.file(unfiled.into_record(
-                        &unsent.request_id,
-                        unsent.arrival_ms,
-                        unsent.decided_ms,
-                    ));
-                }
+                // The client left between admission and decision (its record is kept).
                 match unsent.result {
                     Ok(placed) => inner.release(
                         &unsent.request_id,

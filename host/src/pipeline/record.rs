@@ -177,7 +177,9 @@ pub(super) struct ScorerTrace {
 /// costs no allocation in a steady state.
 #[derive(Default)]
 pub struct TracePool {
-    spare: Mutex<Vec<DecisionTrace>>,
+    /// Boxed, as a decision carries its trace: taking one and giving it back moves a pointer.
+    #[allow(clippy::vec_box)]
+    spare: Mutex<Vec<Box<DecisionTrace>>>,
 }
 
 /// The most traces a pool keeps; a pool refills as fast as records are evicted, so a few
@@ -196,18 +198,18 @@ impl TracePool {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .pop();
-        Box::new(match spare {
+        match spare {
             Some(mut trace) => {
                 trace.pipeline = pipeline;
                 trace.endpoints = endpoints;
                 trace
             }
-            None => DecisionTrace::new(pipeline, endpoints),
-        })
+            None => Box::new(DecisionTrace::new(pipeline, endpoints)),
+        }
     }
 
     /// Keeps `trace`'s buffers for a later decision.
-    pub fn give_back(&self, mut trace: DecisionTrace) {
+    pub fn give_back(&self, mut trace: Box<DecisionTrace>) {
         trace.clear();
         let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
         if spare.len() < POOL_SIZE {

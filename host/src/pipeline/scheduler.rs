@@ -46,7 +46,7 @@ pub struct Decision {
     pub endpoints: Vec<String>,
     pub decided_ms: f64,
     pub arrival_ms: f64,
-    pub record: Option<Arc<DecisionTrace>>,
+    pub record: Option<Box<DecisionTrace>>,
     /// What the producers of `PrefixCacheMatchInfo` expected the chosen endpoint to hold.
     pub predicted: Predicted,
 }
@@ -937,7 +937,7 @@ impl Scheduler {
                     endpoints: Vec::new(),
                     decided_ms: now_ms,
                     arrival_ms,
-                    record: record.map(Arc::from),
+                    record,
                     predicted,
                 }
             }
@@ -980,7 +980,7 @@ impl Scheduler {
             endpoints: ids,
             decided_ms: now_ms,
             arrival_ms,
-            record: record.map(Arc::from),
+            record,
             predicted,
         }
     }

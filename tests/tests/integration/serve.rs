@@ -447,11 +447,19 @@ async fn spread_burst_through_serve_and_simulate(prompt_by_prompt: bool) {
     // so the loads are compared sorted. A live router under load (a CI run beside other
     // tests) can split one group the simulation keeps whole: that moves up to half a group's
     // samples, which is more than 10% of a share this small.
+    // Prompt by prompt, each group looks like the last until the step ends, and the plan
+    // lets a replica run one group ahead while new ones keep coming: a live router's timing
+    // can leave one whole group where the simulation evened the replicas out.
+    let slack = if prompt_by_prompt {
+        SAMPLES as f64
+    } else {
+        SAMPLES as f64 / 2.0
+    };
     served.sort_unstable();
     sim_served.sort_unstable();
     for (live, sim) in served.iter().zip(&sim_served) {
         assert!(
-            (*live as f64 - *sim as f64).abs() <= (0.1 * *sim as f64).max(SAMPLES as f64 / 2.0),
+            (*live as f64 - *sim as f64).abs() <= (0.1 * *sim as f64).max(slack),
             "requests per replica disagree by more than 10%: {detail}"
         );
     }
