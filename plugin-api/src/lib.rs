@@ -19,6 +19,8 @@
 
 pub mod abi;
 pub mod keys;
+#[cfg(not(feature = "api-1-2"))]
+pub mod kv;
 pub mod loading;
 pub mod sdk;
 #[cfg(feature = "testing")]

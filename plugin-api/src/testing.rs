@@ -643,6 +643,34 @@ impl Harness {
         serde_json::from_str(&text)
             .map_err(|e| PluginError::failed(format!("batch_quiet is not a number: {e}")))
     }
+
+    /// Whether the instance wants KV-cache events (the `kv_events` extension asked without
+    /// input, as the host does at wiring).
+    #[cfg(not(feature = "api-1-2"))]
+    pub fn wants_kv_events(&self) -> Result<bool, PluginError> {
+        let text = self
+            .instance
+            .extension(crate::sdk::extensions::KV_EVENTS, "")?;
+        Ok(text == "true")
+    }
+
+    /// Delivers one endpoint's KV-cache events, as the host's subscriber does.
+    #[cfg(not(feature = "api-1-2"))]
+    pub fn kv_events(&self, batch: &crate::kv::KvEventBatch) -> Result<(), PluginError> {
+        let text = serde_json::to_string(batch)
+            .map_err(|e| PluginError::failed(format!("cannot encode the batch: {e}")))?;
+        self.instance
+            .extension(crate::sdk::extensions::KV_EVENTS, &text)
+            .map(drop)
+    }
+
+    /// Hands the instance a snapshot an earlier instance answered for `state`.
+    #[cfg(not(feature = "api-1-2"))]
+    pub fn import_state(&self, state: &serde_json::Value) -> Result<(), PluginError> {
+        self.instance
+            .extension(crate::sdk::extensions::IMPORT_STATE, &state.to_string())
+            .map(drop)
+    }
 }
 
 fn attr_view<'a>(values: &'a [AttrValue], rows: &'a [u32], width: usize) -> AttrView<'a> {
@@ -821,5 +849,100 @@ mod tests {
             )
             .unwrap_err();
         assert!(error.message.contains("position 7"), "{error}");
+    }
+
+    /// Counts the blocks it was told about and keeps that count as its state.
+    struct Listener(std::sync::Mutex<u64>);
+
+    impl Producer for Listener {
+        fn declare(&self) -> Declare {
+            Declare {
+                kv_events: true,
+                ..Declare::default()
+            }
+        }
+
+        fn produce(
+            &self,
+            _: &[ProduceItem<'_>],
+            _: &mut ProduceBatch<'_>,
+        ) -> Result<(), PluginError> {
+            Ok(())
+        }
+
+        fn kv_events(&self, batch: &crate::kv::KvEventBatch) -> Result<(), PluginError> {
+            let mut blocks = self.0.lock().unwrap();
+            for event in &batch.events {
+                match event {
+                    crate::kv::KvEvent::BlockStored(stored) => {
+                        *blocks += stored.block_hashes.len() as u64
+                    }
+                    crate::kv::KvEvent::Reset(_) => *blocks = 0,
+                    _ => {}
+                }
+            }
+            Ok(())
+        }
+
+        fn state(&self) -> Option<serde_json::Value> {
+            Some(serde_json::json!(*self.0.lock().unwrap()))
+        }
+
+        fn import_state(&self, state: serde_json::Value) -> Result<(), PluginError> {
+            let blocks = state
+                .as_u64()
+                .ok_or_else(|| PluginError::failed("not a count"))?;
+            *self.0.lock().unwrap() = blocks;
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn kv_events_and_imported_state_reach_a_producer_that_asks_for_them() {
+        use crate::kv::{KvEvent, KvEventBatch, Reset, ResetReason, StoredBlocks};
+        let harness =
+            Harness::from_implementation(Instance::producer(Listener(Default::default())));
+        assert!(harness.wants_kv_events().unwrap());
+        let stored = KvEvent::BlockStored(StoredBlocks {
+            block_hashes: vec![1, u64::MAX],
+            token_ids: vec![7; 32],
+            block_size: 16,
+            ..StoredBlocks::default()
+        });
+        let batch = KvEventBatch {
+            host_index: 3,
+            endpoint: "e".into(),
+            now_ms: 5,
+            events: vec![stored],
+        };
+        harness.kv_events(&batch).unwrap();
+        assert_eq!(harness.state().unwrap(), Some(serde_json::json!(2)));
+
+        let reset = KvEvent::Reset(Reset {
+            reason: ResetReason::Gap,
+            known: false,
+        });
+        harness
+            .kv_events(&KvEventBatch {
+                events: vec![reset],
+                ..batch
+            })
+            .unwrap();
+        assert_eq!(harness.state().unwrap(), Some(serde_json::json!(0)));
+
+        harness.import_state(&serde_json::json!(40)).unwrap();
+        assert_eq!(harness.state().unwrap(), Some(serde_json::json!(40)));
+        let refused = harness
+            .import_state(&serde_json::json!("forty"))
+            .unwrap_err();
+        assert_eq!(refused.kind, crate::ErrorKind::Failed);
+    }
+
+    #[test]
+    fn a_plugin_that_keeps_no_state_refuses_kv_events_and_imports_as_unsupported() {
+        let harness = Harness::from_implementation(Instance::scorer(LoadScorer));
+        assert!(!harness.wants_kv_events().unwrap());
+        let refused = harness.import_state(&serde_json::json!({})).unwrap_err();
+        assert_eq!(refused.kind, crate::ErrorKind::Unsupported);
     }
 }

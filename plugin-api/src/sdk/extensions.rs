@@ -16,3 +16,16 @@ pub const STATE: &str = "state";
 /// number, or `null` for the fixed window. Input is ignored.
 #[cfg(not(feature = "api-1-1"))]
 pub const BATCH_QUIET: &str = "batch_quiet";
+
+/// Since 1.3: KV-cache events for one endpoint. With empty input, whether the instance wants
+/// them (`true` or `false`; the host asks once, at wiring). Otherwise the input is a
+/// [`KvEventBatch`](crate::kv::KvEventBatch) as JSON and the answer `null`.
+#[cfg(not(feature = "api-1-2"))]
+pub const KV_EVENTS: &str = "kv_events";
+
+/// Since 1.3: the counterpart of [`STATE`]: the input is a JSON snapshot an earlier instance
+/// of the same plugin answered for `state`, possibly from another version of the library or
+/// with other parameters. Answers `null` once the instance has taken it over;
+/// `Unsupported` when it cannot take state over, an error when this snapshot does not fit.
+#[cfg(not(feature = "api-1-2"))]
+pub const IMPORT_STATE: &str = "import_state";

@@ -35,6 +35,10 @@ pub struct Declare {
     /// window. A host older than 1.2 never asks and keeps the fixed window.
     #[cfg(not(feature = "api-1-1"))]
     pub batch_quiet_ms: Option<u64>,
+    /// Since 1.3: the instance wants the endpoints' KV-cache events
+    /// ([`Producer::kv_events`]). A host older than 1.3 never delivers them.
+    #[cfg(not(feature = "api-1-2"))]
+    pub kv_events: bool,
 }
 
 impl Declare {
@@ -119,6 +123,27 @@ pub trait Producer: Send + Sync + 'static {
     fn state(&self) -> Option<serde_json::Value> {
         None
     }
+
+    /// Since 1.3: takes over a snapshot an earlier instance answered from [`Producer::state`]
+    /// (the `import_state` extension), e.g. across a reload that changed the library or the
+    /// parameters. The default cannot.
+    #[cfg(not(feature = "api-1-2"))]
+    fn import_state(&self, _state: serde_json::Value) -> Result<(), PluginError> {
+        Err(cannot_import())
+    }
+
+    /// Since 1.3, with [`Declare::kv_events`]: one endpoint's KV-cache events, in the order
+    /// the engine published them, or a reset from the host. Called off the decision path,
+    /// possibly from another thread than `produce`.
+    #[cfg(not(feature = "api-1-2"))]
+    fn kv_events(&self, _batch: &crate::kv::KvEventBatch) -> Result<(), PluginError> {
+        Err(PluginError::unsupported("this plugin takes no KV events"))
+    }
+}
+
+#[cfg(not(feature = "api-1-2"))]
+fn cannot_import() -> PluginError {
+    PluginError::unsupported("this plugin cannot take over an earlier instance's state")
 }
 
 /// What a filter writes besides its keep mask.
@@ -145,6 +170,12 @@ pub trait Filter: Send + Sync + 'static {
     fn state(&self) -> Option<serde_json::Value> {
         None
     }
+
+    /// Since 1.3: as [`Producer::import_state`].
+    #[cfg(not(feature = "api-1-2"))]
+    fn import_state(&self, _state: serde_json::Value) -> Result<(), PluginError> {
+        Err(cannot_import())
+    }
 }
 
 /// What a scorer writes.
@@ -170,6 +201,12 @@ pub trait Scorer: Send + Sync + 'static {
 
     fn state(&self) -> Option<serde_json::Value> {
         None
+    }
+
+    /// Since 1.3: as [`Producer::import_state`].
+    #[cfg(not(feature = "api-1-2"))]
+    fn import_state(&self, _state: serde_json::Value) -> Result<(), PluginError> {
+        Err(cannot_import())
     }
 }
 

@@ -71,6 +71,39 @@ impl Instance {
             Instance::Picker(_) => None,
         }
     }
+
+    #[cfg(not(feature = "api-1-2"))]
+    fn import_state(&self, state: serde_json::Value) -> Result<(), PluginError> {
+        match self {
+            Instance::Producer(p) => p.import_state(state),
+            Instance::Filter(f) => f.import_state(state),
+            Instance::Scorer(s) => s.import_state(state),
+            Instance::Picker(_) => Err(wrong_kind("import_state")),
+        }
+    }
+
+    #[cfg(not(feature = "api-1-2"))]
+    fn kv_events(&self, input: &str) -> Result<RString, PluginError> {
+        let Instance::Producer(p) = self else {
+            return if input.is_empty() {
+                Ok("false".into())
+            } else {
+                Err(wrong_kind("kv_events"))
+            };
+        };
+        if input.is_empty() {
+            return Ok(if p.declare().kv_events {
+                "true"
+            } else {
+                "false"
+            }
+            .into());
+        }
+        let batch: crate::kv::KvEventBatch = serde_json::from_str(input).map_err(|e| {
+            PluginError::failed(format!("a KV event batch that does not parse: {e}"))
+        })?;
+        p.kv_events(&batch).map(|()| "null".into())
+    }
 }
 
 /// What an instance's state pointer points at.
@@ -269,7 +302,7 @@ unsafe extern "C" fn completed(
 unsafe extern "C" fn extension(
     this: *const c_void,
     name: RStr<'_>,
-    _input: RStr<'_>,
+    input: RStr<'_>,
 ) -> RResult<RString, PluginError> {
     guarded(|| {
         let this = instance(this);
@@ -288,8 +321,17 @@ unsafe extern "C" fn extension(
                     _ => "null".into(),
                 })
             }
+            #[cfg(not(feature = "api-1-2"))]
+            super::extensions::KV_EVENTS => this.kv_events(input.as_str()),
+            #[cfg(not(feature = "api-1-2"))]
+            super::extensions::IMPORT_STATE => {
+                let state = serde_json::from_str(input.as_str()).map_err(|e| {
+                    PluginError::failed(format!("a state snapshot that is not JSON: {e}"))
+                })?;
+                this.import_state(state).map(|()| "null".into())
+            }
             other => {
-                let _ = this;
+                let _ = (this, input);
                 Err(PluginError::unsupported(format!(
                     "unknown extension `{other}`"
                 )))

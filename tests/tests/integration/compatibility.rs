@@ -63,6 +63,8 @@ fn a_library_built_against_an_older_minor_loads_and_works() {
     // neither, and says so instead of failing to load.
     assert_unsupported(&scorer, extensions::STATE);
     assert_unsupported(&scorer, extensions::BATCH_QUIET);
+    assert_unsupported(&scorer, extensions::KV_EVENTS);
+    assert_unsupported(&scorer, extensions::IMPORT_STATE);
 }
 
 /// Loads a fixture library and checks that it was built against API 1.`minor`.
@@ -99,6 +101,39 @@ fn a_library_built_against_1_1_loads_and_keeps_the_fixed_window() {
     assert_eq!(state, r#"{"built against":"1.1"}"#);
     // The quiet gap arrived in 1.2: a 1.1 library does not know it, so its window stays fixed.
     assert_unsupported(&producer, extensions::BATCH_QUIET);
+    assert_unsupported(&producer, extensions::KV_EVENTS);
+    assert_unsupported(&producer, extensions::IMPORT_STATE);
+}
+
+#[test]
+fn a_library_built_against_1_2_loads_and_takes_no_kv_events() {
+    const { assert!(ApiVersion::CURRENT.minor >= 3, "the host is at least 1.3") };
+    let library = load_older_minor("minor-1-2-plugin", 2);
+    let producer = library
+        .create("minor-1-2-producer", "batching", "null")
+        .expect("creates");
+    assert_eq!(
+        producer.declarations().batch().map(|b| b.window_ms),
+        Some(50)
+    );
+    // 1.1's and 1.2's capabilities work.
+    let state = producer
+        .extension(extensions::STATE, "")
+        .expect("known to 1.2");
+    assert_eq!(state, r#"{"built against":"1.2"}"#);
+    let quiet = producer
+        .extension(extensions::BATCH_QUIET, "")
+        .expect("known to 1.2");
+    assert_eq!(quiet, "5");
+    // KV events and state import arrived in 1.3: asked at wiring, a 1.2 library answers that
+    // it knows neither, so the host neither feeds it events nor hands it an older state.
+    assert_unsupported(&producer, extensions::KV_EVENTS);
+    let batch = r#"{"host_index":0,"events":[{"type":"AllBlocksCleared"}]}"#;
+    let error = producer
+        .extension(extensions::KV_EVENTS, batch)
+        .expect_err("a 1.2 library takes no KV events");
+    assert_eq!(error.kind, switchyard_plugin_api::ErrorKind::Unsupported);
+    assert_unsupported(&producer, extensions::IMPORT_STATE);
 }
 
 #[test]
@@ -108,6 +143,15 @@ fn current_libraries_answer_the_state_capability() {
     assert_eq!(library.api_version(), ApiVersion::CURRENT);
     let scorer = library.create("panicking-scorer", "p", "null").unwrap();
     assert_eq!(scorer.extension(extensions::STATE, "").unwrap(), "null");
+    // 1.3: it takes no KV events and cannot take over a state; both are said, not failed.
+    assert_eq!(
+        scorer.extension(extensions::KV_EVENTS, "").unwrap(),
+        "false"
+    );
+    let error = scorer
+        .extension(extensions::IMPORT_STATE, "{}")
+        .expect_err("keeps no state");
+    assert_eq!(error.kind, switchyard_plugin_api::ErrorKind::Unsupported);
 }
 
 #[test]
