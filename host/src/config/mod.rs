@@ -70,6 +70,9 @@ pub struct KvEventsConfig {
     pub replay_timeout_ms: u64,
     /// Wait between connection attempts to a publisher.
     pub reconnect_ms: u64,
+    /// Reconnect to a publisher that sent nothing for this long, so one that restarted is
+    /// found again; 0: never.
+    pub idle_reconnect_ms: u64,
 }
 
 impl Default for KvEventsConfig {
@@ -80,6 +83,7 @@ impl Default for KvEventsConfig {
             topic: String::new(),
             replay_timeout_ms: 2000,
             reconnect_ms: 1000,
+            idle_reconnect_ms: 5000,
         }
     }
 }

@@ -76,6 +76,7 @@ impl LoadedConfig {
         for (key, value) in [
             ("replay_timeout_ms", kv.replay_timeout_ms),
             ("reconnect_ms", kv.reconnect_ms),
+            ("idle_reconnect_ms", kv.idle_reconnect_ms.max(1)),
         ] {
             if !(1..=3_600_000).contains(&value) {
                 return Err(self.error_at(

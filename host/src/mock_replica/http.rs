@@ -605,6 +605,13 @@ pub fn render_metrics(shared: &Shared, s: &Snapshot) -> String {
         "",
         s.generation_tokens.to_string(),
     );
+    if shared.kv_events.is_some() {
+        out.push_str(&format!(
+            "# HELP mock_kv_event_messages_total KV event messages sequenced (withheld ones included).\n\
+             # TYPE mock_kv_event_messages_total counter\nmock_kv_event_messages_total {}\n",
+            shared.kv_sequenced.load(Ordering::Relaxed)
+        ));
+    }
     out
 }
 

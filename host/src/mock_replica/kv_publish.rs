@@ -8,6 +8,8 @@
 //! (a gap the replay can fill), an unreadable message, and events injected verbatim.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -34,7 +36,7 @@ pub enum Publish {
     Withhold(u64),
     /// Send one message whose payload is not msgpack (its sequence number is valid).
     Malformed,
-    /// Publish `n` batches of one removal of an unknown block as fast as possible.
+    /// Publish `n` empty batches as fast as possible.
     Flood(u64),
 }
 
@@ -47,6 +49,8 @@ pub struct PublishOptions {
     pub topic: String,
     /// Messages kept for replay.
     pub buffer: usize,
+    /// Messages given a sequence number so far (withheld ones included).
+    pub sequenced: Arc<AtomicU64>,
 }
 
 /// Binds the sockets on 127.0.0.1 and publishes what it is sent until every sender is gone.
@@ -134,12 +138,8 @@ impl State {
                     .await;
             }
             Publish::Flood(n) => {
-                for i in 0..n {
-                    let removal = KvEvent::BlockRemoved(switchyard_plugin_api::kv::RemovedBlocks {
-                        block_hashes: vec![u64::MAX - i],
-                        medium: Medium::Gpu,
-                    });
-                    let payload = encode_batch(&[removal], self.options.shape);
+                for _ in 0..n {
+                    let payload = encode_batch(&[], self.options.shape);
                     self.send(payload, publisher).await;
                 }
             }
@@ -149,6 +149,9 @@ impl State {
     async fn send(&mut self, payload: Bytes, publisher: &mut PubSocket) {
         let seq = self.next_seq;
         self.next_seq += 1;
+        self.options
+            .sequenced
+            .store(self.next_seq, Ordering::Relaxed);
         if self.buffer.len() >= self.options.buffer.max(1) {
             self.buffer.pop_front();
         }

@@ -44,7 +44,10 @@ pub trait KvSink: Send + Sync + 'static {
 #[derive(Debug)]
 pub struct Delivery {
     pub endpoint_id: String,
+    /// The message's sequence number, noted as applied once the sink has the events.
+    pub seq: u64,
     pub events: Vec<KvEvent>,
+    pub stats: Arc<EndpointStats>,
 }
 
 /// Where one endpoint's events come from.
@@ -61,6 +64,9 @@ pub struct Subscription {
 pub struct Settings {
     pub reconnect: Duration,
     pub replay_idle: Duration,
+    /// Reconnect after this long without a message (a publisher that went away is not
+    /// always noticed otherwise); `None`: never.
+    pub idle_reconnect: Option<Duration>,
 }
 
 /// Counters of one endpoint's subscription.
@@ -80,6 +86,8 @@ pub struct EndpointStats {
     pub lost: AtomicU64,
     pub malformed: AtomicU64,
     pub last_seq: AtomicU64,
+    /// The last message whose events the plugins have (or that had none).
+    pub applied_seq: AtomicU64,
 }
 
 /// [`EndpointStats`] read at one moment, as the admin API shows it.
@@ -102,6 +110,7 @@ pub struct StatsSnapshot {
     pub lost: u64,
     pub malformed: u64,
     pub last_seq: u64,
+    pub applied_seq: u64,
 }
 
 /// The publisher address of an endpoint at `address` (`host:port`) from a pattern such as
@@ -184,6 +193,8 @@ impl KvEvents {
         let timing = Settings {
             reconnect: Duration::from_millis(settings.reconnect_ms.max(1)),
             replay_idle: Duration::from_millis(settings.replay_timeout_ms.max(1)),
+            idle_reconnect: (settings.idle_reconnect_ms > 0)
+                .then(|| Duration::from_millis(settings.idle_reconnect_ms)),
         };
         let task = tokio::spawn(follow(
             settings.clone(),
@@ -218,6 +229,7 @@ impl KvEvents {
                 lost: s.lost.load(Relaxed),
                 malformed: s.malformed.load(Relaxed),
                 last_seq: s.last_seq.load(Relaxed),
+                applied_seq: s.applied_seq.load(Relaxed),
             })
             .collect()
     }
@@ -232,7 +244,11 @@ impl Drop for KvEvents {
 /// Hands deliveries to the sink until every subscription is gone.
 fn feed(mut receiver: mpsc::Receiver<Delivery>, sink: Arc<dyn KvSink>) {
     while let Some(delivery) = receiver.blocking_recv() {
-        sink.deliver(&delivery.endpoint_id, delivery.events);
+        let (seq, stats) = (delivery.seq, delivery.stats);
+        if !delivery.events.is_empty() {
+            sink.deliver(&delivery.endpoint_id, delivery.events);
+        }
+        stats.applied_seq.store(seq, Relaxed);
     }
 }
 

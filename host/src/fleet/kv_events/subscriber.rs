@@ -71,11 +71,20 @@ pub async fn run(
                     Some(SocketEvent::Disconnected(_)) | None => break,
                     Some(_) => {}
                 },
+                () = idle(subscriber.settings.idle_reconnect) => break,
             }
         }
         subscriber.stats.connected.store(false, Relaxed);
         drop(socket);
         tokio::time::sleep(subscriber.settings.reconnect).await;
+    }
+}
+
+/// Resolves after `limit`, or never.
+async fn idle(limit: Option<std::time::Duration>) {
+    match limit {
+        Some(limit) => tokio::time::sleep(limit).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -122,7 +131,6 @@ impl Subscriber {
                 return true;
             }
         };
-        self.stats.last_seq.store(seq, Relaxed);
         let step = self.sequence.observe(seq);
         let mut events = Vec::new();
         match step {
@@ -149,13 +157,13 @@ impl Subscriber {
             Ok(decoded) => events.extend(decoded),
             Err(e) => self.malformed(&e),
         }
-        if events.is_empty() {
-            return true;
-        }
+        self.stats.last_seq.store(seq, Relaxed);
         self.stats.events.fetch_add(events.len() as u64, Relaxed);
         let delivery = Delivery {
             endpoint_id: self.subscription.endpoint_id.clone(),
+            seq,
             events,
+            stats: self.stats.clone(),
         };
         self.out.send(delivery).await.is_ok()
     }
