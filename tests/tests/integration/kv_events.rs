@@ -337,8 +337,9 @@ async fn a_gap_is_filled_through_the_replay_socket() {
     direct(replica.process.addr, &tokens(5000, PROMPT)).await;
     direct(replica.process.addr, &tokens(9000, PROMPT)).await;
     caught_up(&router, 0, &replica).await;
+    // The missing messages came back through the replay socket: when the next message
+    // showed the gap, or when the subscriber reconnected after a quiet spell.
     let stats = stats_of(&router, 0).await;
-    assert!(stats["gaps"].as_u64() >= Some(1), "{stats}");
     assert!(stats["replays"].as_u64() >= Some(1), "{stats}");
     assert_eq!(stats["lost"], 0, "{stats}");
     let index = index_of(&router, 0).await;
@@ -478,9 +479,12 @@ async fn a_flood_that_outruns_the_subscriber_leaves_it_consistent() {
     assert_eq!(r.status(), 200);
     direct(replica.process.addr, &tokens(0, PROMPT)).await;
     caught_up(&router, 0, &replica).await;
-    let index = index_of(&router, 0).await;
-    assert_eq!(gpu_blocks(&index), (PROMPT / BLOCK) as u64, "{index}");
+    let indexed = eventually(Duration::from_secs(10), || async {
+        gpu_blocks(&index_of(&router, 0).await) == (PROMPT / BLOCK) as u64
+    })
+    .await;
     let stats = stats_of(&router, 0).await;
+    assert!(indexed, "{} {stats}", index_of(&router, 0).await);
     // Whatever the publisher dropped for the slow subscriber was replayed or reset.
     assert!(stats["messages"].as_u64() >= Some(1), "{stats}");
 }

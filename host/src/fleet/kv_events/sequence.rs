@@ -48,7 +48,6 @@ impl Sequence {
         self.reconnected = true;
     }
 
-    #[cfg(test)]
     pub fn last(&self) -> Option<u64> {
         self.last
     }

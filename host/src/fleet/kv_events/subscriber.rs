@@ -57,6 +57,9 @@ pub async fn run(
         connected_before = true;
         subscriber.stats.connected.store(true, Relaxed);
         subscriber.stats.connects.fetch_add(1, Relaxed);
+        if !subscriber.catch_up().await {
+            return;
+        }
         loop {
             tokio::select! {
                 message = socket.recv() => match message {
@@ -131,6 +134,42 @@ impl Subscriber {
                 return true;
             }
         };
+        self.take(seq, payload).await
+    }
+
+    /// After a (re)connection: fetches what the publisher sent since the last message seen,
+    /// which a connection that dropped or had not yet subscribed missed, and would otherwise
+    /// be noticed only at the next message. `false` once nobody takes deliveries any more.
+    async fn catch_up(&mut self) -> bool {
+        let (Some(endpoint), Some(last)) = (self.subscription.replay.clone(), self.sequence.last())
+        else {
+            return true;
+        };
+        match replay(&endpoint, last + 1, self.settings.replay_idle).await {
+            Ok(mut messages) => {
+                self.stats.replays.fetch_add(1, Relaxed);
+                messages.sort_by_key(|(seq, _)| *seq);
+                for (seq, payload) in messages {
+                    if !self.take(seq, payload).await {
+                        return false;
+                    }
+                }
+            }
+            Err(e) => {
+                if self.stats.replay_failures.fetch_add(1, Relaxed) == 0 {
+                    tracing::warn!(
+                        endpoint = %self.subscription.endpoint_id,
+                        "KV event replay from {endpoint} failed: {e}"
+                    );
+                }
+            }
+        }
+        true
+    }
+
+    /// Takes message `seq`: checks its place in the sequence, recovers what is missing before
+    /// it, and delivers its events.
+    async fn take(&mut self, seq: u64, payload: Bytes) -> bool {
         let step = self.sequence.observe(seq);
         let mut events = Vec::new();
         match step {
