@@ -185,6 +185,22 @@ impl Snapshot {
     }
 }
 
+/// Says, under the token producer's key on every candidate, that the request's token ids
+/// are the host's estimate from text (an empty custom value; `keys::TOKENIZED_PROMPT`).
+fn mark_estimated(pipeline: &Pipeline, store: &mut [AttrValue], width: usize) {
+    let row = pipeline
+        .plugins
+        .iter()
+        .find(|p| p.host_native)
+        .and_then(|p| p.produced_rows.first());
+    if let Some(&row) = row {
+        let start = row as usize * width;
+        if let Some(values) = store.get_mut(start..start + width) {
+            values.fill_with(|| AttrValue::Custom(Default::default()));
+        }
+    }
+}
+
 /// # Safety
 /// The strings `view` borrows must outlive every use of the result.
 unsafe fn extend_view(view: EndpointView<'_>) -> EndpointView<'static> {
@@ -498,6 +514,9 @@ impl Scheduler {
         });
         let mut store = self.scratch.stores.pop().unwrap_or_default();
         fill_absent(&mut store, self.pipeline.rows.len() * fleet.len());
+        if request.prompt.is_text() {
+            mark_estimated(&self.pipeline, &mut store, fleet.len());
+        }
         let ticket = Ticket {
             store,
             request: Admitted::new(
@@ -912,7 +931,8 @@ impl Scheduler {
             if pipeline.plain_rows {
                 // SAFETY: with plain rows every value in the store is `Absent` or a variant of
                 // a well-known data type (the host checked each producer's output against its
-                // key's type before moving it in), none of which owns memory, so forgetting
+                // key's type before moving it in) or the host's empty text marker
+                // (`mark_estimated`), none of which owns memory, so forgetting
                 // the values instead of dropping them frees nothing that needed freeing.
                 unsafe { store.set_len(0) };
             } else {

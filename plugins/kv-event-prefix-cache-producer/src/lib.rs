@@ -25,12 +25,23 @@ use index::{KvIndex, MatchScratch, Status};
 /// Positions of the declared produced keys.
 const PRODUCES_MATCH_INFO: usize = 0;
 const PRODUCES_SOURCE: usize = 1;
-/// Position of the fallback producer's key among the consumed ones.
+/// Positions of the consumed keys.
+const CONSUMES_TOKENS: usize = 0;
 const CONSUMES_FALLBACK: usize = 1;
 
 /// The data type under which the producer says, for an explained request, where a value it
 /// wrote came from when it was not the exact index (UTF-8 text in a custom value).
 pub const PREFIX_CACHE_SOURCE: &str = "PrefixCacheSource";
+
+/// Why a text prompt is not matched against the index.
+const TEXT_PROMPT: &str =
+    "a text prompt: its token ids are the host's estimate, which no engine stored";
+
+/// Why a value is not the exact index's.
+enum Why<'a> {
+    TextPrompt,
+    Incomplete(&'a str),
+}
 
 pub static FACTORY: PluginFactory = PluginFactory {
     type_name: "kv-event-prefix-cache-producer",
@@ -153,6 +164,11 @@ impl KvEventProducer {
     ) {
         let endpoints = item.endpoints.as_slice();
         let request = &item.request;
+        // Token ids the host estimated from text match no engine's blocks.
+        let estimated = endpoints
+            .first()
+            .and_then(|e| item.attrs.get(CONSUMES_TOKENS, e))
+            .is_some_and(|v| matches!(v, AttrValue::Custom(bytes) if bytes.is_empty()));
         let index = self.read();
         let width = endpoints
             .iter()
@@ -213,22 +229,30 @@ impl KvEventProducer {
                 total_blocks: scratch.totals.get(round).copied().unwrap_or(0),
                 block_size_tokens: u64::from(size),
             };
-            let value = match self.incomplete(&index, host, request.now_ms) {
+            let why = if estimated {
+                Some(Why::TextPrompt)
+            } else {
+                self.incomplete(&index, host, request.now_ms)
+                    .map(Why::Incomplete)
+            };
+            let value = match why {
                 None => precise,
-                Some(reason) => {
+                Some(why) => {
                     let fallback = item
                         .attrs
                         .get(CONSUMES_FALLBACK, endpoint)
                         .and_then(AttrValue::prefix_cache_match);
                     if request.explain {
+                        let reason = match why {
+                            Why::TextPrompt => TEXT_PROMPT.to_string(),
+                            Why::Incomplete(reason) => format!("index incomplete ({reason})"),
+                        };
                         let text = match fallback {
                             Some(_) => format!(
-                                "estimate from {}: index incomplete ({reason})",
+                                "estimate from {}: {reason}",
                                 self.config.fallback_producer_name
                             ),
-                            None => format!(
-                                "partial index: incomplete ({reason}), no estimate to fall back on"
-                            ),
+                            None => format!("{reason}; no estimate to fall back on"),
                         };
                         out.put(
                             item,

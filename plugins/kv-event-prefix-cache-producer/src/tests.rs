@@ -286,3 +286,31 @@ fn bad_parameters_name_the_field_and_the_range() {
         assert!(error.message.contains(field), "{}", error.message);
     }
 }
+
+#[test]
+fn a_text_prompt_takes_the_estimate_and_says_why() {
+    use switchyard_plugin_api::keys::{TOKENIZED_PROMPT, TOKEN_PRODUCER};
+    let h = harness("null");
+    send(&h, 0, 0, vec![stored(&[1, 2], None, tokens(0, 2))]);
+    let estimated = Attributes::new()
+        .set(
+            DataKey::new(TOKENIZED_PROMPT, TOKEN_PRODUCER),
+            vec![AttrValue::Custom(Default::default()); 3],
+        )
+        .set(
+            DataKey::new(PREFIX_CACHE_MATCH_INFO, APPROX_PREFIX_CACHE_PRODUCER),
+            vec![Attributes::prefix_match(5, 8, 64); 3],
+        );
+    let request = prompt(2).explain(true);
+    assert_eq!(matched_with(&h, &request, &estimated), [5, 5, 5]);
+    let produced = h
+        .produce(&request, &TestEndpoint::several(3), &estimated)
+        .unwrap();
+    let AttrValue::Custom(text) = &produced.get(super::PREFIX_CACHE_SOURCE).unwrap()[0] else {
+        panic!("no note");
+    };
+    let text = String::from_utf8(text.to_vec()).unwrap();
+    assert!(text.contains("a text prompt"), "{text}");
+    // Token ids the client sent are matched exactly.
+    assert_eq!(matched(&h, &prompt(2)), [2, 0, 0]);
+}

@@ -538,3 +538,33 @@ async fn an_operator_reset_empties_every_producers_prefix_state() {
         "{states}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_prompt_is_routed_on_the_estimate_and_the_record_says_so() {
+    let replica = publisher("r0", "array", false, 1000, None).await;
+    let dir = temp_dir("kv-text");
+    let router = start_router(&dir, &pipeline(&[&replica], 60_000), "", &[]).await;
+    let body = serde_json::json!({"model": "test-model", "prompt": "a prompt sent as text", "max_tokens": 1});
+    let response = send(
+        router.api(),
+        "POST",
+        "/v1/completions",
+        &[],
+        &body.to_string(),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    let decisions = json(send(router.admin, "GET", "/decisions?limit=1", &[], "").await).await;
+    let text = decisions.to_string();
+    assert!(
+        text.contains("estimate from approx-prefix-cache-producer: a text prompt"),
+        "{text}"
+    );
+    // Token ids the client sent are matched on the index, with no note.
+    routed(&router, &tokens(0, PROMPT)).await;
+    let decisions = json(send(router.admin, "GET", "/decisions?limit=1", &[], "").await).await;
+    assert!(
+        !decisions.to_string().contains("a text prompt"),
+        "{decisions}"
+    );
+}
