@@ -22,9 +22,10 @@ pub struct KvEventBatch {
     pub events: Vec<KvEvent>,
 }
 
-/// One event. Engine events keep vLLM's names; `Reset` comes from the host.
+/// One event. Engine events keep vLLM's names; `Reset` comes from the host. In JSON an event
+/// is `{"BlockStored": {...}}`, `{"BlockRemoved": {...}}`, `{"Reset": {...}}` or
+/// `"AllBlocksCleared"` (a tag that names the variant first is read without buffering).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type")]
 pub enum KvEvent {
     /// Full blocks the engine stored, as one chain: the first block's parent is
     /// `parent_block_hash` (none at the start of a sequence), each next block's parent is
@@ -123,47 +124,72 @@ mod packed_tokens {
         for token in tokens {
             bytes.extend_from_slice(&token.to_le_bytes());
         }
-        let mut text = String::with_capacity(bytes.len().div_ceil(3) * 4);
-        for chunk in bytes.chunks(3) {
-            let b = [
-                chunk[0],
-                *chunk.get(1).unwrap_or(&0),
-                *chunk.get(2).unwrap_or(&0),
-            ];
-            let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-            for i in 0..4 {
-                if i <= chunk.len() {
-                    text.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63] as char);
-                } else {
-                    text.push('=');
-                }
-            }
+        let mut text = Vec::with_capacity(bytes.len().div_ceil(3) * 4);
+        let mut triples = bytes.chunks_exact(3);
+        for t in &mut triples {
+            let n = (u32::from(t[0]) << 16) | (u32::from(t[1]) << 8) | u32::from(t[2]);
+            text.extend_from_slice(&[
+                ALPHABET[(n >> 18) as usize & 63],
+                ALPHABET[(n >> 12) as usize & 63],
+                ALPHABET[(n >> 6) as usize & 63],
+                ALPHABET[n as usize & 63],
+            ]);
         }
+        let rest = triples.remainder();
+        if !rest.is_empty() {
+            let b = [rest[0], *rest.get(1).unwrap_or(&0), 0];
+            let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8);
+            text.push(ALPHABET[(n >> 18) as usize & 63]);
+            text.push(ALPHABET[(n >> 12) as usize & 63]);
+            text.push(if rest.len() == 2 {
+                ALPHABET[(n >> 6) as usize & 63]
+            } else {
+                b'='
+            });
+            text.push(b'=');
+        }
+        // Only alphabet characters and `=` were written.
+        let text = String::from_utf8(text).unwrap_or_default();
         serializer.serialize_str(&text)
     }
 
-    fn value(c: u8) -> Option<u32> {
-        Some(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return None,
-        } as u32)
-    }
+    /// Each base64 character's 6 bits; 0xFF for a byte that is none.
+    const DECODE: [u8; 256] = {
+        let mut table = [0xFFu8; 256];
+        let mut i = 0;
+        while i < 64 {
+            table[ALPHABET[i] as usize] = i as u8;
+            i += 1;
+        }
+        table
+    };
 
     /// The ids in `text`, or `None` when it is not base64 of whole little-endian `u32`s.
     pub fn unpack(text: &str) -> Option<Vec<u32>> {
         let text = text.trim_end_matches('=').as_bytes();
-        let mut bytes = Vec::with_capacity(text.len() * 3 / 4);
-        for chunk in text.chunks(4) {
-            let mut n = 0u32;
-            for (i, &c) in chunk.iter().enumerate() {
-                n |= value(c)? << (18 - 6 * i);
+        let mut bytes = Vec::with_capacity(text.len() / 4 * 3 + 3);
+        let mut quads = text.chunks_exact(4);
+        for quad in &mut quads {
+            let [a, b, c, d] = [quad[0], quad[1], quad[2], quad[3]].map(|x| DECODE[x as usize]);
+            if (a | b | c | d) == 0xFF || (a | b | c | d) & 0xC0 != 0 {
+                return None;
             }
-            let full = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
-            bytes.extend_from_slice(&full[..chunk.len().saturating_sub(1)]);
+            let n =
+                (u32::from(a) << 18) | (u32::from(b) << 12) | (u32::from(c) << 6) | u32::from(d);
+            bytes.extend_from_slice(&[(n >> 16) as u8, (n >> 8) as u8, n as u8]);
+        }
+        let rest = quads.remainder();
+        if !rest.is_empty() {
+            let mut n = 0u32;
+            for (i, &x) in rest.iter().enumerate() {
+                let v = DECODE[x as usize];
+                if v & 0xC0 != 0 {
+                    return None;
+                }
+                n |= u32::from(v) << (18 - 6 * i);
+            }
+            let tail = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+            bytes.extend_from_slice(&tail[..rest.len() - 1]);
         }
         if bytes.len() % 4 != 0 {
             return None;

@@ -99,6 +99,22 @@ fn ingest(c: &mut Criterion) {
                 .unwrap();
         })
     });
+    group.bench_function("store+remove 32 blocks, JSON read only", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            let (stored, removed) = &json[i % json.len()];
+            i += 1;
+            let s: KvEventBatch = serde_json::from_str(black_box(stored)).unwrap();
+            let r: KvEventBatch = serde_json::from_str(black_box(removed)).unwrap();
+            (s, r)
+        })
+    });
+    group.bench_function("JSON read, store only", |b| {
+        b.iter(|| serde_json::from_str::<KvEventBatch>(black_box(&json[0].0)).unwrap())
+    });
+    group.bench_function("JSON read, removal only", |b| {
+        b.iter(|| serde_json::from_str::<KvEventBatch>(black_box(&json[0].1)).unwrap())
+    });
     group.bench_function("store+remove 32 blocks, JSON encoded and delivered", |b| {
         let mut i = 0;
         b.iter(|| {

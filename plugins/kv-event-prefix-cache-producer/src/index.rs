@@ -8,9 +8,33 @@
 //! through the engine → request key map. Each tier (GPU, CPU, other) is counted apart.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 
 use switchyard_plugin_api::kv::{Medium, StoredBlocks};
 use switchyard_prefix_hashing::{hash_prompt_into, prompt_seed};
+
+/// Block keys (ours and the engines') are already uniform 64-bit hashes: a map uses them as
+/// they are instead of hashing them again.
+#[derive(Default)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+}
+
+type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
 
 /// Tiers in the order their counts are kept.
 pub const TIERS: usize = 3;
@@ -46,9 +70,9 @@ pub struct EndpointIndex {
     pub id: String,
     pub block_size: u32,
     pub status: Status,
-    engine: HashMap<u64, EngineBlock>,
+    engine: KeyMap<EngineBlock>,
     /// Per request key, how many engine blocks hold it, per tier.
-    ours: HashMap<u64, [u32; TIERS]>,
+    ours: KeyMap<[u32; TIERS]>,
     /// Request keys held, per tier.
     pub blocks: [u64; TIERS],
     pub unknown_parents: u64,
@@ -63,8 +87,8 @@ impl EndpointIndex {
             id: String::new(),
             block_size,
             status: Status::Exact,
-            engine: HashMap::new(),
-            ours: HashMap::new(),
+            engine: KeyMap::default(),
+            ours: KeyMap::default(),
             blocks: [0; TIERS],
             unknown_parents: 0,
             without_tokens: 0,
@@ -102,7 +126,7 @@ pub struct MatchScratch {
 pub struct KvIndex {
     default_block_size: u32,
     endpoints: Vec<EndpointIndex>,
-    holders: HashMap<u64, Holders>,
+    holders: KeyMap<Holders>,
     /// Bitset words per tier in every `Holders`.
     words: usize,
     /// LoRA adapter names seen in events: a request naming one as its model is matched
@@ -116,7 +140,7 @@ impl KvIndex {
         KvIndex {
             default_block_size,
             endpoints: Vec::new(),
-            holders: HashMap::new(),
+            holders: KeyMap::default(),
             words: 1,
             loras: HashSet::new(),
             hashes: Vec::new(),
