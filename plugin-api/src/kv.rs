@@ -109,6 +109,9 @@ pub enum ResetReason {
     FirstContact,
     /// An operator asked for it (the admin API), e.g. after new weights were loaded.
     Admin,
+    /// The instance was created while the publisher was already running (a reload changed
+    /// its library or parameters): it saw none of the earlier events.
+    NewInstance,
 }
 
 /// Token ids in JSON as base64 of their little-endian bytes: a fraction of the size of a list

@@ -41,8 +41,10 @@ impl KvFeed {
         }
     }
 
-    /// The plugins of `pipeline` that take KV events, asked once per pipeline.
-    fn interested(&self, pipeline: &Arc<Pipeline>) -> Arc<[usize]> {
+    /// The plugins of `pipeline` that take KV events, asked once per pipeline. When the
+    /// pipeline is a new one (a reload), an instance it did not have before starts without
+    /// the events that went before: it is told its index is incomplete for every endpoint.
+    fn interested(&self, live: &LiveScheduler, pipeline: &Arc<Pipeline>) -> Arc<[usize]> {
         let mut cached = self.interested.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((known, positions)) = cached.as_ref() {
             if Arc::ptr_eq(known, pipeline) {
@@ -50,6 +52,21 @@ impl KvFeed {
             }
         }
         let positions: Arc<[usize]> = interested_plugins(pipeline).into();
+        if let Some((previous, before)) = cached.as_ref() {
+            let fresh: Vec<usize> = positions
+                .iter()
+                .copied()
+                .filter(|&p| {
+                    let object = &pipeline.plugins[p].object;
+                    !before
+                        .iter()
+                        .any(|&q| Arc::ptr_eq(&previous.plugins[q].object, object))
+                })
+                .collect();
+            if !fresh.is_empty() {
+                tell_fresh(live, pipeline, &fresh);
+            }
+        }
         *cached = Some((pipeline.clone(), positions.clone()));
         positions
     }
@@ -76,7 +93,7 @@ impl KvSink for KvFeed {
             return;
         };
         let (pipeline, host_index) = live.kv_target(endpoint_id);
-        let positions = self.interested(&pipeline);
+        let positions = self.interested(&live, &pipeline);
         if positions.is_empty() {
             return;
         }
@@ -104,6 +121,31 @@ impl KvSink for KvFeed {
                     );
                 }
             }
+        }
+    }
+}
+
+/// Tells the plugins at `positions` of `pipeline`, new in it, that their index of every
+/// endpoint misses what was published before they existed.
+fn tell_fresh(live: &LiveScheduler, pipeline: &Pipeline, positions: &[usize]) {
+    for id in live.endpoint_ids() {
+        let (_, host_index) = live.kv_target(&id);
+        let batch = KvEventBatch {
+            host_index,
+            endpoint: id,
+            now_ms: live.clock().now_ms() as u64,
+            events: vec![KvEvent::Reset(Reset {
+                reason: ResetReason::NewInstance,
+                known: false,
+            })],
+        };
+        let Ok(json) = serde_json::to_string(&batch) else {
+            continue;
+        };
+        for &position in positions {
+            let _ = pipeline.plugins[position]
+                .object
+                .extension(extensions::KV_EVENTS, &json);
         }
     }
 }

@@ -568,3 +568,30 @@ async fn a_text_prompt_is_routed_on_the_estimate_and_the_record_says_so() {
         "{decisions}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_replaces_the_producer_marks_its_new_index_incomplete() {
+    let replica = publisher("r0", "array", false, 1000, None).await;
+    let dir = temp_dir("kv-reload");
+    let router = start_router(&dir, &pipeline(&[&replica], 60_000), "", &[]).await;
+    subscribed(&router, 0, &replica).await;
+    direct(replica.process.addr, &tokens(0, PROMPT)).await;
+    caught_up(&router, 0, &replica).await;
+    assert_eq!(index_of(&router, 0).await["status"], "exact");
+
+    // Other parameters: a new instance, which saw none of the events so far.
+    let path = dir.join("serve.toml");
+    let config = std::fs::read_to_string(&path).expect("config");
+    std::fs::write(
+        &path,
+        config.replace("rebuildMs = 60000", "rebuildMs = 50000"),
+    )
+    .unwrap();
+    let reloaded = json(send(router.admin, "POST", "/reload", &[], "").await).await;
+    assert_eq!(reloaded["result"], "applied", "{reloaded}");
+    direct(replica.process.addr, &tokens(5000, PROMPT)).await;
+    caught_up(&router, 0, &replica).await;
+    let index = index_of(&router, 0).await;
+    assert_eq!(index["status"]["reason"], "new-instance", "{index}");
+    assert_eq!(gpu_blocks(&index), (PROMPT / BLOCK) as u64, "{index}");
+}
