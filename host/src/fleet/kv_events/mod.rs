@@ -120,23 +120,32 @@ pub fn expand(pattern: &str, address: &str) -> String {
     pattern.replace("{host}", host).replace("{port}", port)
 }
 
-/// The subscriptions `config` asks for in `fleet`.
+/// A discovered endpoint's label naming its KV-event publisher (as `kv_events_endpoint`
+/// does in `[[endpoints]]`).
+pub const PUBLISHER_LABEL: &str = "switchyard/kv-events-endpoint";
+/// A discovered endpoint's label naming its replay socket.
+pub const REPLAY_LABEL: &str = "switchyard/kv-replay-endpoint";
+
+/// The subscriptions `config` asks for in `fleet`: an endpoint's own addresses (its
+/// `[[endpoints]]` entry, or its labels in a discovery file) before the patterns.
 fn wanted(config: &KvEventsConfig, overrides: &Overrides, fleet: &FleetState) -> Vec<Subscription> {
+    let pattern = |p: &String| (!p.is_empty()).then(|| p.clone());
     let mut out = Vec::new();
     for member in fleet.members.iter() {
         let endpoint = &member.endpoint;
         let own = overrides.get(&endpoint.id);
+        let label = |name: &str| member.labels.get(name).filter(|v| !v.is_empty()).cloned();
         let address = own
             .and_then(|o| o.0.clone())
-            .or_else(|| (!config.endpoint.is_empty()).then(|| config.endpoint.clone()));
+            .or_else(|| label(PUBLISHER_LABEL))
+            .or_else(|| pattern(&config.endpoint));
         let Some(address) = address else {
             continue;
         };
         let replay = own
             .and_then(|o| o.1.clone())
-            .or_else(|| {
-                (!config.replay_endpoint.is_empty()).then(|| config.replay_endpoint.clone())
-            })
+            .or_else(|| label(REPLAY_LABEL))
+            .or_else(|| pattern(&config.replay_endpoint))
             .filter(|r| !r.is_empty());
         out.push(Subscription {
             endpoint_id: endpoint.id.clone(),
@@ -181,7 +190,8 @@ impl KvEvents {
                 )
             })
             .collect();
-        if settings.endpoint.is_empty() && overrides.is_empty() {
+        let labelled = config.config.fleet.discovery_file.is_some();
+        if settings.endpoint.is_empty() && overrides.is_empty() && !labelled {
             return None;
         }
         let (sender, receiver) = mpsc::channel(QUEUE);
@@ -306,5 +316,79 @@ impl Drop for Stop<'_> {
         for (_, (_, task)) in self.0.drain() {
             task.abort();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::{Engine, Member};
+    use crate::pipeline::Endpoint;
+
+    fn member(name: &str, address: &str, labels: &[(&str, &str)]) -> Member {
+        Member {
+            endpoint: Endpoint {
+                id: format!("/{name}"),
+                address: address.into(),
+                role: String::new(),
+                metrics: Default::default(),
+            },
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            engine: Engine::Vllm,
+            fresh: true,
+            metrics_age_ms: None,
+            scrape_failures: 0,
+        }
+    }
+
+    #[test]
+    fn an_endpoints_own_address_wins_over_its_label_and_the_pattern() {
+        let config = KvEventsConfig {
+            endpoint: "tcp://{host}:5557".into(),
+            replay_endpoint: "tcp://{host}:5558".into(),
+            ..KvEventsConfig::default()
+        };
+        let fleet = FleetState {
+            generation: 1,
+            members: vec![
+                member("a", "10.0.0.1:8000", &[]),
+                member(
+                    "b",
+                    "10.0.0.2:8000",
+                    &[(PUBLISHER_LABEL, "tcp://10.0.0.2:6000")],
+                ),
+                member(
+                    "c",
+                    "10.0.0.3:8000",
+                    &[(PUBLISHER_LABEL, "tcp://ignored:1")],
+                ),
+            ]
+            .into(),
+        };
+        let overrides: Overrides = [(
+            "/c".to_string(),
+            (Some("tcp://10.0.0.3:7000".to_string()), None),
+        )]
+        .into();
+        let addresses: Vec<(String, Option<String>)> = wanted(&config, &overrides, &fleet)
+            .into_iter()
+            .map(|s| (s.address, s.replay))
+            .collect();
+        let expected = [
+            ("tcp://10.0.0.1:5557", Some("tcp://10.0.0.1:5558")),
+            ("tcp://10.0.0.2:6000", Some("tcp://10.0.0.2:5558")),
+            ("tcp://10.0.0.3:7000", Some("tcp://10.0.0.3:5558")),
+        ]
+        .map(|(a, r)| (a.to_string(), r.map(str::to_string)));
+        assert_eq!(addresses, expected);
+        // Without a pattern, only endpoints naming a publisher are subscribed.
+        let bare: Vec<String> = wanted(&KvEventsConfig::default(), &Overrides::new(), &fleet)
+            .into_iter()
+            .map(|s| s.address)
+            .collect();
+        assert_eq!(bare, ["tcp://10.0.0.2:6000", "tcp://ignored:1"]);
     }
 }
