@@ -7,6 +7,8 @@
 use rmpv::Value;
 use switchyard_plugin_api::kv::{KvEvent, Medium, RemovedBlocks, StoredBlocks};
 
+use super::msgpack::{Kind, Reader};
+
 /// The sequence number that ends a replay.
 pub const END_OF_REPLAY: u64 = u64::MAX;
 
@@ -35,185 +37,240 @@ pub fn sequence(frame: &[u8]) -> Result<u64, String> {
 
 /// The events of one payload, in order.
 pub fn events(payload: &[u8]) -> Result<Vec<KvEvent>, String> {
-    let mut reader = payload;
-    let value = rmpv::decode::read_value(&mut reader).map_err(|e| format!("not msgpack: {e}"))?;
-    let list = match &value {
-        Value::Array(items) => items.get(1),
-        Value::Map(_) => field(&value, "events"),
-        _ => None,
+    const NOT_A_BATCH: &str = "the payload is not a batch [ts, events, ...]";
+    let mut reader = Reader::new(payload);
+    match reader.peek()? {
+        Kind::Array(_) => {
+            if reader.array()? < 2 {
+                return Err(NOT_A_BATCH.into());
+            }
+            reader.skip()?;
+            read_events(&mut reader)
+        }
+        Kind::Map(_) => {
+            let mut events = None;
+            for _ in 0..reader.map()? {
+                if reader.str()? == "events" {
+                    events = Some(read_events(&mut reader)?);
+                } else {
+                    reader.skip()?;
+                }
+            }
+            events.ok_or_else(|| NOT_A_BATCH.into())
+        }
+        _ => Err(NOT_A_BATCH.into()),
     }
-    .ok_or("the payload is not a batch [ts, events, ...]")?;
-    let Value::Array(list) = list else {
-        return Err("the batch's events are not a list".into());
-    };
-    let mut out = Vec::with_capacity(list.len());
-    for (i, event) in list.iter().enumerate() {
-        if let Some(event) = decode_event(event).map_err(|e| format!("event {i}: {e}"))? {
+}
+
+fn read_events(reader: &mut Reader<'_>) -> Result<Vec<KvEvent>, String> {
+    let count = reader
+        .array()
+        .map_err(|_| "the batch's events are not a list".to_string())?;
+    let mut out = Vec::with_capacity(count.min(4096));
+    for i in 0..count {
+        if let Some(event) = read_event(reader).map_err(|e| format!("event {i}: {e}"))? {
             out.push(event);
         }
     }
     Ok(out)
 }
 
-/// One event; `None` for a kind this host does not use.
-fn decode_event(event: &Value) -> Result<Option<KvEvent>, String> {
-    let shape = Shape::of(event)?;
-    Ok(Some(match shape.tag()? {
-        "BlockStored" => KvEvent::BlockStored(StoredBlocks {
-            block_hashes: hashes(shape.get(1, "block_hashes"))?,
-            parent_block_hash: match shape.get(2, "parent_block_hash") {
-                None | Some(Value::Nil) => None,
-                // Some publishers write 0 for "no parent".
-                Some(v) => Some(hash(v)?).filter(|&h| h != 0),
-            },
-            token_ids: tokens(shape.get(3, "token_ids"))?,
-            block_size: match shape.get(4, "block_size") {
-                Some(v) => uint(v, "block_size")? as u32,
-                None => return Err("BlockStored without block_size".into()),
-            },
-            lora_id: optional(shape.get(5, "lora_id"), |v| {
-                v.as_i64().ok_or("lora_id is not an integer".to_string())
-            })?,
-            medium: medium(shape.get(6, "medium"))?,
-            lora_name: optional(shape.get(7, "lora_name"), |v| {
-                v.as_str()
-                    .map(str::to_owned)
-                    .ok_or("lora_name is not text".to_string())
-            })?,
-            extra_keys: extra_keys(shape.get(8, "extra_keys"))?,
-        }),
-        "BlockRemoved" => KvEvent::BlockRemoved(RemovedBlocks {
-            block_hashes: hashes(shape.get(1, "block_hashes"))?,
-            medium: medium(shape.get(2, "medium"))?,
-        }),
-        "AllBlocksCleared" => KvEvent::AllBlocksCleared,
-        _ => return Ok(None),
-    }))
-}
-
-/// Where an event keeps its fields.
-enum Shape<'a> {
-    Array(&'a [Value]),
-    Map(&'a Value),
-}
-
-impl<'a> Shape<'a> {
-    fn of(event: &'a Value) -> Result<Shape<'a>, String> {
-        match event {
-            Value::Array(items) => Ok(Shape::Array(items)),
-            Value::Map(_) => Ok(Shape::Map(event)),
-            _ => Err("neither a tagged array nor a map".into()),
-        }
-    }
-
-    fn tag(&self) -> Result<&'a str, String> {
-        let tag = match self {
-            Shape::Array(items) => items.first(),
-            Shape::Map(map) => field(map, "type"),
-        };
-        tag.and_then(Value::as_str)
-            .ok_or_else(|| "no event type".into())
-    }
-
-    /// The field at `position` of an array, or under `key` of a map.
-    fn get(&self, position: usize, key: &str) -> Option<&'a Value> {
-        match self {
-            Shape::Array(items) => items.get(position),
-            Shape::Map(map) => field(map, key),
-        }
-    }
-}
-
-fn field<'a>(map: &'a Value, key: &str) -> Option<&'a Value> {
-    let Value::Map(entries) = map else {
-        return None;
+/// The field at `position` of a tagged array, by the name the map shape gives it.
+fn field_at(tag: &str, position: usize) -> &'static str {
+    const STORED: [&str; 9] = [
+        "type",
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        "lora_name",
+        "extra_keys",
+    ];
+    const REMOVED: [&str; 3] = ["type", "block_hashes", "medium"];
+    let names: &[&str] = match tag {
+        "BlockStored" => &STORED,
+        "BlockRemoved" => &REMOVED,
+        _ => &[],
     };
-    entries
-        .iter()
-        .find(|(k, _)| k.as_str() == Some(key))
-        .map(|(_, v)| v)
+    names.get(position).copied().unwrap_or("")
 }
 
-fn optional<T>(
-    value: Option<&Value>,
-    read: impl FnOnce(&Value) -> Result<T, String>,
-) -> Result<Option<T>, String> {
-    match value {
-        None | Some(Value::Nil) => Ok(None),
-        Some(v) => read(v).map(Some),
+/// One event, in either shape; `None` for a kind this host does not use.
+fn read_event(reader: &mut Reader<'_>) -> Result<Option<KvEvent>, String> {
+    let mut fields = Fields::default();
+    let tag = match reader.peek()? {
+        Kind::Array(_) => {
+            let count = reader.array()?;
+            if count == 0 {
+                return Err("no event type".into());
+            }
+            let tag = reader.str()?;
+            for position in 1..count {
+                fields.read(field_at(tag, position), reader)?;
+            }
+            tag
+        }
+        Kind::Map(_) => {
+            let mut tag = None;
+            for _ in 0..reader.map()? {
+                match reader.str()? {
+                    "type" => tag = Some(reader.str()?),
+                    key => fields.read(key, reader)?,
+                }
+            }
+            tag.ok_or("no event type")?
+        }
+        _ => return Err("neither a tagged array nor a map".into()),
+    };
+    fields.into_event(tag)
+}
+
+/// The fields of one event, whatever order they came in.
+#[derive(Default)]
+struct Fields {
+    block_hashes: Option<Vec<u64>>,
+    parent: Option<u64>,
+    token_ids: Vec<u32>,
+    block_size: Option<u32>,
+    lora_id: Option<i64>,
+    medium: Medium,
+    lora_name: Option<String>,
+    extra_keys: Vec<Option<Vec<String>>>,
+}
+
+impl Fields {
+    fn read(&mut self, name: &str, reader: &mut Reader<'_>) -> Result<(), String> {
+        if name.is_empty() || !KNOWN.contains(&name) {
+            return reader.skip();
+        }
+        if reader.nil()? {
+            return Ok(());
+        }
+        match name {
+            "block_hashes" => {
+                let count = reader
+                    .array()
+                    .map_err(|_| "block_hashes is not a list".to_string())?;
+                let mut hashes = Vec::with_capacity(count.min(65_536));
+                for _ in 0..count {
+                    hashes.push(hash(reader)?);
+                }
+                self.block_hashes = Some(hashes);
+            }
+            // Some publishers write 0 for "no parent".
+            "parent_block_hash" => self.parent = Some(hash(reader)?).filter(|&h| h != 0),
+            "token_ids" => {
+                let count = reader
+                    .array()
+                    .map_err(|_| "token_ids is not a list".to_string())?;
+                self.token_ids.reserve(count.min(1 << 20));
+                for _ in 0..count {
+                    let token = u32::try_from(reader.uint()?)
+                        .map_err(|_| "a token id that is not a 32-bit integer".to_string())?;
+                    self.token_ids.push(token);
+                }
+            }
+            "block_size" => {
+                let size = reader.uint().map_err(|_| "block_size is not a count")?;
+                self.block_size = Some(u32::try_from(size).map_err(|_| "block_size is too large")?);
+            }
+            "lora_id" => {
+                self.lora_id = Some(reader.int().map_err(|_| "lora_id is not an integer")? as i64)
+            }
+            "medium" => self.medium = medium(reader.str().map_err(|_| "medium is not text")?),
+            "lora_name" => {
+                self.lora_name = Some(
+                    reader
+                        .str()
+                        .map_err(|_| "lora_name is not text")?
+                        .to_owned(),
+                )
+            }
+            _ => {
+                // extra_keys: per block, nil or a list of keys of any kind.
+                let count = reader
+                    .array()
+                    .map_err(|_| "extra_keys is not a list".to_string())?;
+                for _ in 0..count {
+                    let keys = match reader.peek()? {
+                        Kind::Nil => {
+                            reader.nil()?;
+                            None
+                        }
+                        Kind::Array(_) => {
+                            let n = reader.array()?;
+                            let mut keys = Vec::with_capacity(n.min(64));
+                            for _ in 0..n {
+                                keys.push(text(&reader.value()?));
+                            }
+                            Some(keys)
+                        }
+                        _ => Some(vec![text(&reader.value()?)]),
+                    };
+                    self.extra_keys.push(keys);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn into_event(self, tag: &str) -> Result<Option<KvEvent>, String> {
+        Ok(Some(match tag {
+            "BlockStored" => KvEvent::BlockStored(StoredBlocks {
+                block_hashes: self.block_hashes.ok_or("block_hashes is not a list")?,
+                parent_block_hash: self.parent,
+                token_ids: self.token_ids,
+                block_size: self.block_size.ok_or("BlockStored without block_size")?,
+                lora_id: self.lora_id,
+                medium: self.medium,
+                lora_name: self.lora_name,
+                extra_keys: self.extra_keys,
+            }),
+            "BlockRemoved" => KvEvent::BlockRemoved(RemovedBlocks {
+                block_hashes: self.block_hashes.ok_or("block_hashes is not a list")?,
+                medium: self.medium,
+            }),
+            "AllBlocksCleared" => KvEvent::AllBlocksCleared,
+            _ => return Ok(None),
+        }))
     }
 }
 
-fn uint(value: &Value, what: &str) -> Result<u64, String> {
-    value
-        .as_u64()
-        .ok_or_else(|| format!("{what} is not a non-negative integer"))
-}
+/// The fields read; any other key is skipped.
+const KNOWN: [&str; 8] = [
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+];
 
 /// A block hash: a 64-bit integer, or a digest's bytes folded to their last 8 read
 /// big-endian (as vLLM's integer hashes are).
-fn hash(value: &Value) -> Result<u64, String> {
-    match value {
-        Value::Integer(n) => n
-            .as_u64()
-            .or_else(|| n.as_i64().map(|i| i as u64))
-            .ok_or_else(|| "a block hash out of range".into()),
-        Value::Binary(bytes) if !bytes.is_empty() => {
+fn hash(reader: &mut Reader<'_>) -> Result<u64, String> {
+    match reader.bin()? {
+        Some([]) => Err("a block hash of no bytes".into()),
+        Some(bytes) => {
             let tail = &bytes[bytes.len().saturating_sub(8)..];
             Ok(tail.iter().fold(0u64, |acc, &b| (acc << 8) | u64::from(b)))
         }
-        _ => Err("a block hash that is neither an integer nor bytes".into()),
+        None => reader
+            .int()
+            .map_err(|_| "a block hash that is neither an integer nor bytes".into()),
     }
 }
 
-fn hashes(value: Option<&Value>) -> Result<Vec<u64>, String> {
-    match value {
-        Some(Value::Array(items)) => items.iter().map(hash).collect(),
-        _ => Err("block_hashes is not a list".into()),
+fn medium(name: &str) -> Medium {
+    match name {
+        m if m.eq_ignore_ascii_case("GPU") => Medium::Gpu,
+        m if m.eq_ignore_ascii_case("CPU") => Medium::Cpu,
+        _ => Medium::Other,
     }
-}
-
-fn tokens(value: Option<&Value>) -> Result<Vec<u32>, String> {
-    match value {
-        None | Some(Value::Nil) => Ok(Vec::new()),
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|v| {
-                v.as_u64()
-                    .and_then(|t| u32::try_from(t).ok())
-                    .ok_or_else(|| "a token id that is not a 32-bit integer".to_string())
-            })
-            .collect(),
-        Some(_) => Err("token_ids is not a list".into()),
-    }
-}
-
-fn medium(value: Option<&Value>) -> Result<Medium, String> {
-    Ok(match value {
-        None | Some(Value::Nil) => Medium::Gpu,
-        Some(v) => match v.as_str().ok_or("medium is not text")? {
-            m if m.eq_ignore_ascii_case("GPU") => Medium::Gpu,
-            m if m.eq_ignore_ascii_case("CPU") => Medium::Cpu,
-            _ => Medium::Other,
-        },
-    })
-}
-
-/// Per block, its extra keys as text; `[]` when the event has none.
-fn extra_keys(value: Option<&Value>) -> Result<Vec<Option<Vec<String>>>, String> {
-    let items = match value {
-        None | Some(Value::Nil) => return Ok(Vec::new()),
-        Some(Value::Array(items)) => items,
-        Some(_) => return Err("extra_keys is not a list".into()),
-    };
-    items
-        .iter()
-        .map(|block| match block {
-            Value::Nil => Ok(None),
-            Value::Array(keys) => Ok(Some(keys.iter().map(text).collect())),
-            other => Ok(Some(vec![text(other)])),
-        })
-        .collect()
 }
 
 fn text(value: &Value) -> String {
@@ -326,6 +383,42 @@ mod tests {
             ])]
         );
         assert_eq!(decoded[2], KvEvent::AllBlocksCleared);
+    }
+
+    #[test]
+    fn unknown_keys_of_any_kind_are_skipped() {
+        let nested = V::Map(vec![
+            (
+                V::from("a"),
+                V::Array(vec![V::F32(1.5), V::Binary(vec![1; 300]), V::Nil]),
+            ),
+            (V::from("b"), V::Ext(7, vec![1, 2, 3])),
+            (V::from("c"), V::from(-5)),
+            (V::from("d"), V::from("x".repeat(40))),
+        ]);
+        let event = V::Map(vec![
+            (V::from("future"), nested),
+            (V::from("block_hashes"), ints(&[9])),
+            (V::from("type"), V::from("BlockRemoved")),
+            (V::from("medium"), V::from("cpu")),
+        ]);
+        let mut batch_map = Vec::new();
+        rmpv::encode::write_value(
+            &mut batch_map,
+            &V::Map(vec![
+                (V::from("ts"), V::F64(0.5)),
+                (V::from("events"), V::Array(vec![event])),
+                (V::from("data_parallel_rank"), V::Nil),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            events(&batch_map).unwrap(),
+            [KvEvent::BlockRemoved(RemovedBlocks {
+                block_hashes: vec![9],
+                medium: Medium::Cpu,
+            })]
+        );
     }
 
     #[test]

@@ -6,11 +6,13 @@
 //! publisher address, started and stopped as members come and go), and hands every decoded
 //! message to a [`KvSink`] on a thread of its own, off the decision path.
 //!
-//! Pieces: `decode` (frames and the msgpack payload in both event shapes), `sequence` (which
+//! Pieces: `decode` (frames and the msgpack payload in both event shapes, read by
+//! `msgpack` value by value), `sequence` (which
 //! message comes next), `replay` (the publisher's replay socket), `subscriber` (one
 //! endpoint's connection loop).
 
 mod decode;
+mod msgpack;
 mod replay;
 mod sequence;
 mod subscriber;
