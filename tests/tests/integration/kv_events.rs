@@ -305,6 +305,14 @@ async fn removals_under_eviction_keep_predictions_within_five_percent_of_cached_
     let predictions = json(send(router.admin, "GET", "/predictions", &[], "").await).await;
     let (mut cached, mut correct) = (0.0, 0.0);
     for entry in predictions["predictions"].as_array().expect("a list") {
+        eprintln!(
+            "{} on {}: predicted {}, cached {}, correct {}",
+            entry["producer"],
+            entry["endpoint"],
+            entry["predicted_tokens"],
+            entry["cached_tokens"],
+            entry["correct_tokens"]
+        );
         if entry["producer"] == PRODUCER {
             cached += entry["cached_tokens"].as_f64().unwrap_or(0.0);
             correct += entry["correct_tokens"].as_f64().unwrap_or(0.0);
@@ -312,6 +320,9 @@ async fn removals_under_eviction_keep_predictions_within_five_percent_of_cached_
     }
     assert!(cached > 0.0, "the replicas cached something: {predictions}");
     let accuracy = correct / cached;
+    eprintln!(
+        "precise predictions under eviction: {correct} of {cached} cached tokens ({accuracy:.3})"
+    );
     assert!(
         accuracy >= 0.95,
         "predicted {correct} of {cached} cached tokens ({accuracy:.3}): {predictions}"
