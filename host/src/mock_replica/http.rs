@@ -605,11 +605,11 @@ pub fn render_metrics(shared: &Shared, s: &Snapshot) -> String {
         "",
         s.generation_tokens.to_string(),
     );
-    if shared.kv_events.is_some() {
+    if let Some(publisher) = &shared.kv_events {
         out.push_str(&format!(
-            "# HELP mock_kv_event_messages_total KV event messages sequenced (withheld ones included).\n\
+            "# HELP mock_kv_event_messages_total KV event messages queued for publishing (withheld ones included).\n\
              # TYPE mock_kv_event_messages_total counter\nmock_kv_event_messages_total {}\n",
-            shared.kv_sequenced.load(Ordering::Relaxed)
+            publisher.queued()
         ));
     }
     out
@@ -650,7 +650,7 @@ fn kv_events(query: Option<&str>, shared: &Shared) -> Response<ResponseBody> {
             "/mock/kv-events wants ?withhold=N, ?flood=N (N up to 1000000) or ?malformed",
         ));
     };
-    if publish.send(command).is_err() {
+    if !publish.send(command) {
         return error(unavailable());
     }
     respond(

@@ -49,12 +49,44 @@ pub struct PublishOptions {
     pub topic: String,
     /// Messages kept for replay.
     pub buffer: usize,
-    /// Messages given a sequence number so far (withheld ones included).
-    pub sequenced: Arc<AtomicU64>,
+}
+
+/// The way to the publisher: queues commands, and counts the messages they will publish at
+/// once, so whoever reads the count after an answer that caused a message knows of it.
+#[derive(Clone)]
+pub struct Publisher {
+    commands: mpsc::UnboundedSender<Publish>,
+    queued: Arc<AtomicU64>,
+}
+
+impl Publisher {
+    /// A publisher whose commands go to `commands`.
+    pub(crate) fn new(commands: mpsc::UnboundedSender<Publish>) -> Publisher {
+        Publisher {
+            commands,
+            queued: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Queues `command`; false once the publisher has stopped.
+    pub fn send(&self, command: Publish) -> bool {
+        let messages = match &command {
+            Publish::Events(_) | Publish::Malformed => 1,
+            Publish::Flood(n) => *n,
+            Publish::Withhold(_) => 0,
+        };
+        self.queued.fetch_add(messages, Ordering::Relaxed);
+        self.commands.send(command).is_ok()
+    }
+
+    /// Messages queued so far (withheld ones included).
+    pub fn queued(&self) -> u64 {
+        self.queued.load(Ordering::Relaxed)
+    }
 }
 
 /// Binds the sockets on 127.0.0.1 and publishes what it is sent until every sender is gone.
-pub async fn start(options: PublishOptions) -> Result<mpsc::UnboundedSender<Publish>, String> {
+pub async fn start(options: PublishOptions) -> Result<Publisher, String> {
     let mut publisher = PubSocket::new();
     let address = format!("tcp://127.0.0.1:{}", options.port);
     publisher
@@ -83,7 +115,7 @@ pub async fn start(options: PublishOptions) -> Result<mpsc::UnboundedSender<Publ
     );
     let (sender, receiver) = mpsc::unbounded_channel();
     tokio::spawn(run(publisher, replay, options, receiver));
-    Ok(sender)
+    Ok(Publisher::new(sender))
 }
 
 struct State {
@@ -149,9 +181,7 @@ impl State {
     async fn send(&mut self, payload: Bytes, publisher: &mut PubSocket) {
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.options
-            .sequenced
-            .store(self.next_seq, Ordering::Relaxed);
+
         if self.buffer.len() >= self.options.buffer.max(1) {
             self.buffer.pop_front();
         }

@@ -131,9 +131,7 @@ pub struct Shared {
     /// Asks the accept loop to close the listener for N ms; it acknowledges once closed.
     pub refuse: mpsc::Sender<(u64, oneshot::Sender<()>)>,
     /// The KV-event publisher, when the replica announces its cache's changes.
-    pub kv_events: Option<mpsc::UnboundedSender<kv_publish::Publish>>,
-    /// KV event messages given a sequence number so far.
-    pub kv_sequenced: Arc<std::sync::atomic::AtomicU64>,
+    pub kv_events: Option<kv_publish::Publisher>,
 }
 
 /// Serves until SIGTERM/SIGINT.
@@ -170,7 +168,6 @@ pub async fn start(options: MockOptions) -> Result<Server, String> {
         .map_err(|e| format!("listening socket: {e}"))?;
     let start = Instant::now();
     let (refuse_tx, refuse_rx) = mpsc::channel(4);
-    let kv_sequenced = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let kv_events = match options.kv_events_port {
         Some(port) => Some(
             kv_publish::start(kv_publish::PublishOptions {
@@ -179,7 +176,6 @@ pub async fn start(options: MockOptions) -> Result<Server, String> {
                 shape: options.kv_events_format,
                 topic: format!("kv@{addr}@{}", options.model),
                 buffer: options.kv_events_buffer,
-                sequenced: kv_sequenced.clone(),
             })
             .await?,
         ),
@@ -200,7 +196,6 @@ pub async fn start(options: MockOptions) -> Result<Server, String> {
         owner: model::spawn(&fleet, start, kv_events.clone()),
         refuse: refuse_tx,
         kv_events,
-        kv_sequenced,
     });
     tracing::info!(
         name = %options.name,

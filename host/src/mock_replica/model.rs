@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use switchyard_plugin_api::kv::{KvEvent, Medium, RemovedBlocks, StoredBlocks};
 
-use super::kv_publish::Publish;
+use super::kv_publish::{Publish, Publisher};
 use crate::sim::kv_cache::CacheChange;
 use crate::sim::replica::{BlockStore, Job, PrefillStart, Replica};
 use crate::sim::FleetConfig;
@@ -115,7 +115,7 @@ pub struct Model {
 
 /// How the model announces its cache's changes.
 struct Events {
-    publish: mpsc::UnboundedSender<Publish>,
+    publish: Publisher,
     block_size: usize,
     /// Mixed into every announced block hash, so the hashes cannot be recomputed outside this
     /// process (as an engine's, seeded per process, cannot).
@@ -153,11 +153,7 @@ impl Model {
     }
 
     /// Announces every store and eviction of the cache through `publish`.
-    pub fn publishing(
-        mut self,
-        cfg: &FleetConfig,
-        publish: mpsc::UnboundedSender<Publish>,
-    ) -> Self {
+    pub fn publishing(mut self, cfg: &FleetConfig, publish: Publisher) -> Self {
         self.replica =
             std::mem::replace(&mut self.replica, Replica::new(cfg)).keeping_cache_changes();
         let nonce = std::time::SystemTime::now()
@@ -437,7 +433,7 @@ impl Events {
 pub fn spawn(
     cfg: &FleetConfig,
     start: Instant,
-    publish: Option<mpsc::UnboundedSender<Publish>>,
+    publish: Option<Publisher>,
 ) -> mpsc::UnboundedSender<Command> {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut model = Model::new(cfg);
@@ -596,9 +592,9 @@ mod tests {
 
     #[test]
     fn new_blocks_are_announced_as_chained_stores_after_the_evictions() {
-        let (publish, _rx) = mpsc::unbounded_channel();
+        let (commands, _rx) = mpsc::unbounded_channel();
         let events = Events {
-            publish,
+            publish: Publisher::new(commands),
             block_size: 2,
             nonce: 0,
         };
