@@ -11,7 +11,10 @@ pub const IN_FLIGHT_LOAD: &str = "InFlightLoad";
 /// [`LatencyPrediction`](crate::LatencyPrediction) per endpoint.
 pub const LATENCY_PREDICTION: &str = "LatencyPrediction";
 /// The request's token ids ([`RequestView::prompts`](crate::RequestView::prompts)). Consuming
-/// it orders a producer after tokenization; it carries no per-endpoint value.
+/// it orders a producer after tokenization. Since 1.3 it carries one value: when the prompt
+/// came as text, an empty [`AttrValue::Custom`](crate::AttrValue::Custom) on every candidate
+/// says the ids are the host's estimate (4 bytes per token), not an engine tokenizer's; it is
+/// absent for token ids the client sent.
 pub const TOKENIZED_PROMPT: &str = "TokenizedPrompt";
 
 pub const APPROX_PREFIX_CACHE_PRODUCER: &str = "approx-prefix-cache-producer";

@@ -67,6 +67,7 @@ const PLUGIN_PACKAGES: &[&str] = &[
     "prefix-cache-scorer",
     "prefix-cache-affinity-filter",
     "approx-prefix-cache-producer",
+    "kv-event-prefix-cache-producer",
     "panicking-plugin",
 ];
 

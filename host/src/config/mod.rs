@@ -50,6 +50,48 @@ pub struct Config {
     /// The HTTP router (`serve`).
     #[serde(default)]
     pub serve: ServeConfig,
+    /// KV-cache event subscriptions (`serve`, `ext-proc`; `docs/kv-events.md`).
+    #[serde(default, skip_serializing_if = "KvEventsConfig::is_default")]
+    pub kv_events: KvEventsConfig,
+}
+
+/// Where the live drivers subscribe to the engines' KV-cache events.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct KvEventsConfig {
+    /// Every endpoint's publisher, e.g. `tcp://{host}:5557` (`{host}` and `{port}` are the
+    /// endpoint's); empty: only endpoints that name their own.
+    pub endpoint: String,
+    /// Every endpoint's replay socket, e.g. `tcp://{host}:5558`; empty: no replay.
+    pub replay_endpoint: String,
+    /// Topic prefix subscribed to; empty: every topic.
+    pub topic: String,
+    /// A replay that sends nothing for this long has failed.
+    pub replay_timeout_ms: u64,
+    /// Wait between connection attempts to a publisher.
+    pub reconnect_ms: u64,
+    /// Reconnect to a publisher that sent nothing for this long, so one that restarted is
+    /// found again; 0: never.
+    pub idle_reconnect_ms: u64,
+}
+
+impl Default for KvEventsConfig {
+    fn default() -> Self {
+        KvEventsConfig {
+            endpoint: String::new(),
+            replay_endpoint: String::new(),
+            topic: String::new(),
+            replay_timeout_ms: 2000,
+            reconnect_ms: 1000,
+            idle_reconnect_ms: 5000,
+        }
+    }
+}
+
+impl KvEventsConfig {
+    fn is_default(&self) -> bool {
+        *self == KvEventsConfig::default()
+    }
 }
 
 /// One `libraries` entry: a bare name or a path, optionally with the SHA-256 the file must have.
@@ -232,6 +274,12 @@ pub struct EndpointConfig {
     /// metric names scraped.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: std::collections::BTreeMap<String, String>,
+    /// This endpoint's KV-event publisher, instead of `[kv_events] endpoint`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_events_endpoint: Option<String>,
+    /// This endpoint's KV-event replay socket, instead of `[kv_events] replay_endpoint`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_replay_endpoint: Option<String>,
 }
 
 impl EndpointConfig {

@@ -54,7 +54,56 @@ impl LoadedConfig {
         self.check_libraries()?;
         self.check_plugin_entries()?;
         self.check_endpoints()?;
+        self.check_kv_events()?;
         self.check_profiles()
+    }
+
+    /// Publisher and replay addresses: `tcp://` or `ipc://` with a target, and no placeholder
+    /// other than `{host}` and `{port}`; timings above 0.
+    fn check_kv_events(&self) -> Result<(), ConfigError> {
+        let kv = &self.config.kv_events;
+        for (key, value) in [
+            ("endpoint", &kv.endpoint),
+            ("replay_endpoint", &kv.replay_endpoint),
+        ] {
+            if let Some(problem) = zmq_address_problem(value) {
+                return Err(self.error_at(
+                    &[Step::Key("kv_events"), Step::Key(key)],
+                    format!("kv_events.{key} {} {problem}", shown(value)),
+                ));
+            }
+        }
+        for (key, value) in [
+            ("replay_timeout_ms", kv.replay_timeout_ms),
+            ("reconnect_ms", kv.reconnect_ms),
+            ("idle_reconnect_ms", kv.idle_reconnect_ms.max(1)),
+        ] {
+            if !(1..=3_600_000).contains(&value) {
+                return Err(self.error_at(
+                    &[Step::Key("kv_events"), Step::Key(key)],
+                    format!("kv_events.{key} must be in 1..=3600000 milliseconds (got {value})"),
+                ));
+            }
+        }
+        for (index, endpoint) in self.config.endpoints.iter().enumerate() {
+            for (key, value) in [
+                ("kv_events_endpoint", &endpoint.kv_events_endpoint),
+                ("kv_replay_endpoint", &endpoint.kv_replay_endpoint),
+            ] {
+                let Some(value) = value else { continue };
+                if let Some(problem) = zmq_address_problem(value) {
+                    return Err(self.error_at(
+                        &[Step::Key("endpoints"), Step::Index(index), Step::Key(key)],
+                        format!(
+                            "endpoint {}: {key} {} {problem}",
+                            shown(&endpoint.id()),
+                            shown(value)
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     fn check_libraries(&self) -> Result<(), ConfigError> {
@@ -270,4 +319,38 @@ fn bad_value(value: &toml::Value, path: &mut Vec<String>) -> Option<(String, Str
         toml::Value::Array(items) => items.iter().find_map(|item| bad_value(item, path)),
         _ => None,
     }
+}
+
+/// Why `value` is not a ZMQ address a subscriber can connect to, if it is not (empty is
+/// allowed: none).
+fn zmq_address_problem(value: &str) -> Option<String> {
+    if value.is_empty() {
+        return None;
+    }
+    let Some(rest) = value
+        .strip_prefix("tcp://")
+        .or_else(|| value.strip_prefix("ipc://"))
+    else {
+        return Some("must start with tcp:// or ipc:// (e.g. \"tcp://{host}:5557\")".into());
+    };
+    if rest.is_empty() || rest.contains('*') {
+        return Some(
+            "must name the publisher to connect to (a host and port, `{host}` for the \
+             endpoint's host), not a wildcard"
+                .into(),
+        );
+    }
+    let mut placeholders = rest;
+    while let Some(open) = placeholders.find('{') {
+        let tail = &placeholders[open..];
+        let close = tail.find('}')?;
+        let name = &tail[..=close];
+        if name != "{host}" && name != "{port}" {
+            return Some(format!(
+                "has the placeholder {name}; valid placeholders are {{host}} and {{port}}"
+            ));
+        }
+        placeholders = &tail[close + 1..];
+    }
+    None
 }

@@ -28,6 +28,7 @@
 //! their facts across membership changes.
 
 mod discovery;
+pub mod kv_events;
 mod prometheus;
 mod scrape;
 mod tracker;

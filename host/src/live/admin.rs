@@ -137,6 +137,9 @@ pub async fn admin<O: Observed>(
         let libraries = router.reloader().libraries();
         return response::json(status, &reloaded.to_json(&libraries));
     }
+    if request.uri().path() == "/prefix-reset" && request.method() == Method::POST {
+        return prefix_reset(router.live(), request.uri().query().unwrap_or(""));
+    }
     if let Some(refusal) = get_only(&request) {
         return refusal;
     }
@@ -199,6 +202,13 @@ pub async fn admin<O: Observed>(
             response::json(StatusCode::OK, &Value::Object(states))
         }
         "/predictions" => response::json(StatusCode::OK, &router.metrics().predictions().to_json()),
+        "/kv-events" => match router.live().kv_event_stats() {
+            Some(stats) => response::json(StatusCode::OK, &json!({"endpoints": stats})),
+            None => response::json(
+                StatusCode::OK,
+                &json!({"endpoints": [], "note": "no endpoint has a KV-event publisher ([kv_events] in the config)"}),
+            ),
+        },
         "/fleet" => {
             let fleet = router.fleet();
             let (in_flight, _) = router.live().in_flight();
@@ -250,8 +260,9 @@ pub async fn admin<O: Observed>(
             )
         }
         _ => unknown_route(
-            "routes: /decisions[?limit=N] /plugins /plugins/state /predictions /fleet /config \
-             /reload (GET shows the config generation, POST reloads the config)",
+            "routes: /decisions[?limit=N] /plugins /plugins/state /predictions /kv-events /fleet \
+             /config /reload (GET shows the config generation, POST reloads the config), \
+             POST /prefix-reset[?endpoint=ID]",
         ),
     }
 }
@@ -283,4 +294,54 @@ fn unknown_route(routes: &str) -> Response<Full<Bytes>> {
         routes,
     )
     .into_response()
+}
+
+/// `POST /prefix-reset[?endpoint=ID]`: empties the prefix state one endpoint (or every
+/// endpoint) has in every plugin that keeps one, e.g. after the replicas loaded new weights.
+fn prefix_reset(live: &Arc<LiveScheduler>, query: &str) -> Response<Full<Bytes>> {
+    let endpoint = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("endpoint="))
+        .map(percent_decoded);
+    if let Some(id) = &endpoint {
+        if !live.endpoint_ids().contains(id) {
+            return ApiError::new(
+                StatusCode::NOT_FOUND,
+                "unknown_endpoint",
+                RequestOutcome::BadRequest,
+                format!("no endpoint {id} in the fleet (GET /fleet lists them)"),
+            )
+            .into_response();
+        }
+    }
+    let (endpoints, plugins) =
+        crate::live::kv_feed::reset_prefix_state(live, endpoint.as_ref().map(std::slice::from_ref));
+    response::json(
+        StatusCode::OK,
+        &json!({"reset": endpoints, "plugins": plugins}),
+    )
+}
+
+/// `%XX` escapes of a query value decoded (an endpoint id holds a `/`).
+fn percent_decoded(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

@@ -25,6 +25,7 @@ use switchyard_plugin_api::Outcome;
 use tokio::sync::{oneshot, watch, Notify};
 
 use super::clock::RealClock;
+use crate::fleet::kv_events::{KvEvents, StatsSnapshot};
 use crate::fleet::FleetState;
 use crate::pipeline::carry::Carried;
 use crate::pipeline::record::TracePool;
@@ -164,6 +165,8 @@ pub struct LiveScheduler {
     keep_records: usize,
     /// Where the trace of a record pushed out of the ring goes, for a later decision.
     traces: Arc<TracePool>,
+    /// The KV-event subscriptions feeding this scheduler's plugins, when any.
+    kv_events: Mutex<Option<KvEvents>>,
 }
 
 impl std::fmt::Debug for LiveScheduler {
@@ -206,6 +209,7 @@ impl LiveScheduler {
             limits,
             keep_records,
             traces,
+            kv_events: Mutex::new(None),
         });
         live.lock().apply_fleet();
         tokio::spawn(seal_windows(Arc::downgrade(&live), live.window_due.clone()));
@@ -366,6 +370,37 @@ impl LiveScheduler {
         let cost = started.elapsed() / decisions.len().max(1) as u32;
         self.deliver(&mut inner, decisions, cost);
         carried
+    }
+
+    /// The pipeline KV-cache events go to now, and the host index of `endpoint_id` in it.
+    pub fn kv_target(&self, endpoint_id: &str) -> (Arc<Pipeline>, u32) {
+        let mut inner = self.lock();
+        self.sync_fleet(&mut inner);
+        let index = inner.scheduler.host_index_for(endpoint_id);
+        (inner.scheduler.shared_pipeline(), index)
+    }
+
+    /// The ids of the fleet's endpoints now.
+    pub fn endpoint_ids(&self) -> Vec<String> {
+        let mut inner = self.lock();
+        self.sync_fleet(&mut inner);
+        inner
+            .fleet
+            .members
+            .iter()
+            .map(|m| m.endpoint.id.clone())
+            .collect()
+    }
+
+    /// Keeps the KV-event subscriptions for as long as the scheduler runs.
+    pub fn attach_kv_events(&self, kv_events: KvEvents) {
+        *self.kv_events.lock().unwrap_or_else(|e| e.into_inner()) = Some(kv_events);
+    }
+
+    /// The KV-event subscriptions' counters; `None` when there are none.
+    pub fn kv_event_stats(&self) -> Option<Vec<StatsSnapshot>> {
+        let kv_events = self.kv_events.lock().unwrap_or_else(|e| e.into_inner());
+        kv_events.as_ref().map(KvEvents::stats)
     }
 
     /// Requests in flight per endpoint id, and in total.

@@ -10,8 +10,10 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use crate::config::LoadedConfig;
+use crate::fleet::kv_events::KvEvents;
 use crate::fleet::LiveFleet;
 use crate::live::handover::{Offer, Takeover};
+use crate::live::kv_feed::KvFeed;
 use crate::live::listen::bind;
 use crate::live::reload::{reload_on_hangup, Reloader};
 use crate::live::{Limits, LiveScheduler, RealClock};
@@ -56,6 +58,10 @@ impl LiveSetup {
             },
             keep_records,
         );
+        let feed = Arc::new(KvFeed::new(&live));
+        if let Some(kv_events) = KvEvents::start(config, fleet.subscribe(), feed) {
+            live.attach_kv_events(kv_events);
+        }
         let reloader = Arc::new(Reloader::new(
             config,
             options,

@@ -16,6 +16,7 @@ mod fd_passing;
 pub(crate) mod handover;
 pub(crate) mod ids;
 pub mod journal;
+pub mod kv_feed;
 pub(crate) mod lifecycle;
 pub(crate) mod listen;
 pub(crate) mod metrics;

@@ -18,6 +18,7 @@ use switchyard_prefix_hashing::{hash_prompt_into, prompt_seed};
 use tokio::sync::{mpsc, oneshot, Notify};
 
 use super::api::{self, Api, ApiError, Parsed, Render, Usage};
+use super::kv_publish::Publish;
 use super::model::{self, Command, NewJob, Progress, Snapshot};
 use super::Shared;
 
@@ -151,7 +152,25 @@ async fn route(
         ("/v1/models", true, _) => models(shared),
         ("/metrics", true, _) => metrics(shared).await,
         ("/mock/refuse", _, true) => refuse(request.uri().query(), shared).await,
-        ("/health" | "/v1/models" | "/metrics" | "/mock/refuse", _, _) => not_allowed(&path),
+        ("/mock/kv-events", _, true) => kv_events(request.uri().query(), shared),
+        ("/reset_prefix_cache", _, true) => {
+            let _ = shared.owner.send(Command::ClearCache);
+            respond(
+                StatusCode::OK,
+                "application/json",
+                Bytes::from_static(b"{}"),
+            )
+        }
+        (
+            "/health"
+            | "/v1/models"
+            | "/metrics"
+            | "/mock/refuse"
+            | "/mock/kv-events"
+            | "/reset_prefix_cache",
+            _,
+            _,
+        ) => not_allowed(&path),
         _ => error(ApiError {
             status: 404,
             message: format!("no route {method} {path}"),
@@ -295,12 +314,19 @@ fn jobs_of(parsed: &Parsed, shared: &Shared) -> (Vec<NewJob>, u64) {
             );
             let prompt_tokens = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
             total += u64::from(prompt_tokens);
+            let full = if shared.kv_events.is_some() {
+                tokens[..chain.len() * block_size].to_vec()
+            } else {
+                Vec::new()
+            };
             NewJob {
                 id: shared.next_job.fetch_add(1, Ordering::Relaxed),
                 index,
                 prompt_tokens,
                 output_tokens: parsed.output_tokens,
                 chain,
+                tokens: full,
+                cache_salt: parsed.cache_salt.clone(),
             }
         })
         .collect();
@@ -579,6 +605,13 @@ pub fn render_metrics(shared: &Shared, s: &Snapshot) -> String {
         "",
         s.generation_tokens.to_string(),
     );
+    if let Some(publisher) = &shared.kv_events {
+        out.push_str(&format!(
+            "# HELP mock_kv_event_messages_total KV event messages queued for publishing (withheld ones included).\n\
+             # TYPE mock_kv_event_messages_total counter\nmock_kv_event_messages_total {}\n",
+            publisher.queued()
+        ));
+    }
     out
 }
 
@@ -587,6 +620,44 @@ fn escape_label(value: &str) -> String {
         .replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+/// `POST /mock/kv-events?withhold=N`, `?malformed` or `?flood=N`: a fault in the KV-event
+/// stream (the next N messages kept from subscribers but not from the replay; one unreadable
+/// message; N messages at once).
+fn kv_events(query: Option<&str>, shared: &Shared) -> Response<ResponseBody> {
+    let Some(publish) = &shared.kv_events else {
+        return error(ApiError::bad_request(
+            "this replica publishes no KV events (start it with --kv-events-port)",
+        ));
+    };
+    let query = query.unwrap_or("");
+    let number = |key: &str| {
+        query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix(key))
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|&n| n <= 1_000_000)
+    };
+    let command = if let Some(n) = number("withhold=") {
+        Publish::Withhold(n)
+    } else if let Some(n) = number("flood=") {
+        Publish::Flood(n)
+    } else if query.split('&').any(|kv| kv == "malformed") {
+        Publish::Malformed
+    } else {
+        return error(ApiError::bad_request(
+            "/mock/kv-events wants ?withhold=N, ?flood=N (N up to 1000000) or ?malformed",
+        ));
+    };
+    if !publish.send(command) {
+        return error(unavailable());
+    }
+    respond(
+        StatusCode::OK,
+        "application/json",
+        Bytes::from_static(b"{}"),
+    )
 }
 
 /// `POST /mock/refuse?ms=N`: the listener closes for N ms; answered once it is closed.

@@ -9,6 +9,7 @@
 
 pub mod api;
 pub mod http;
+pub mod kv_publish;
 pub mod model;
 
 use std::convert::Infallible;
@@ -53,6 +54,19 @@ pub struct MockOptions {
     /// Prefix-cache capacity in blocks.
     #[arg(long, default_value_t = FleetConfig::default().cache_capacity_blocks)]
     pub cache_blocks: usize,
+    /// Publish the cache's stores and evictions as vLLM KV events on this port (127.0.0.1).
+    #[arg(long)]
+    pub kv_events_port: Option<u16>,
+    /// Answer replay requests for buffered KV events on this port (needs --kv-events-port).
+    #[arg(long, requires = "kv_events_port")]
+    pub kv_replay_port: Option<u16>,
+    /// The KV event shape: tagged arrays (vLLM up to 0.23) or maps tagged by `type` (since
+    /// June 2026).
+    #[arg(long, value_enum, default_value_t = kv_publish::Shape::Array)]
+    pub kv_events_format: kv_publish::Shape,
+    /// KV event messages kept for replay.
+    #[arg(long, default_value_t = 10_000)]
+    pub kv_events_buffer: usize,
 }
 
 impl MockOptions {
@@ -68,6 +82,10 @@ impl MockOptions {
             max_running: fleet.max_running_sequences,
             block_size: fleet.block_size_tokens,
             cache_blocks: fleet.cache_capacity_blocks,
+            kv_events_port: None,
+            kv_replay_port: None,
+            kv_events_format: kv_publish::Shape::Array,
+            kv_events_buffer: 10_000,
         }
     }
 
@@ -112,6 +130,8 @@ pub struct Shared {
     pub owner: mpsc::UnboundedSender<model::Command>,
     /// Asks the accept loop to close the listener for N ms; it acknowledges once closed.
     pub refuse: mpsc::Sender<(u64, oneshot::Sender<()>)>,
+    /// The KV-event publisher, when the replica announces its cache's changes.
+    pub kv_events: Option<kv_publish::Publisher>,
 }
 
 /// Serves until SIGTERM/SIGINT.
@@ -148,6 +168,19 @@ pub async fn start(options: MockOptions) -> Result<Server, String> {
         .map_err(|e| format!("listening socket: {e}"))?;
     let start = Instant::now();
     let (refuse_tx, refuse_rx) = mpsc::channel(4);
+    let kv_events = match options.kv_events_port {
+        Some(port) => Some(
+            kv_publish::start(kv_publish::PublishOptions {
+                port,
+                replay_port: options.kv_replay_port,
+                shape: options.kv_events_format,
+                topic: format!("kv@{addr}@{}", options.model),
+                buffer: options.kv_events_buffer,
+            })
+            .await?,
+        ),
+        None => None,
+    };
     let shared = Arc::new(Shared {
         name: options.name.clone(),
         model: options.model.clone(),
@@ -160,8 +193,9 @@ pub async fn start(options: MockOptions) -> Result<Server, String> {
         start,
         next_job: AtomicUsize::new(0),
         next_response: AtomicUsize::new(0),
-        owner: model::spawn(&fleet, start),
+        owner: model::spawn(&fleet, start, kv_events.clone()),
         refuse: refuse_tx,
+        kv_events,
     });
     tracing::info!(
         name = %options.name,

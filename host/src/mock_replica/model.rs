@@ -7,12 +7,16 @@
 //! times; [`spawn`] runs it against milliseconds since start.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use switchyard_plugin_api::kv::{KvEvent, Medium, RemovedBlocks, StoredBlocks};
+
+use super::kv_publish::{Publish, Publisher};
+use crate::sim::kv_cache::CacheChange;
 use crate::sim::replica::{BlockStore, Job, PrefillStart, Replica};
 use crate::sim::FleetConfig;
 
@@ -27,6 +31,9 @@ pub struct NewJob {
     pub output_tokens: u32,
     /// Full-block hash chain of the prompt.
     pub chain: Vec<u64>,
+    /// The tokens of the chain's blocks, for the KV events that announce them.
+    pub tokens: Vec<u32>,
+    pub cache_salt: String,
 }
 
 /// What a handler hears about its sequences.
@@ -67,6 +74,8 @@ pub enum Command {
     /// Withdraw these sequences if still live (unknown ids are ignored).
     Cancel(Vec<usize>),
     Snapshot(oneshot::Sender<Snapshot>),
+    /// Empty the prefix cache (vLLM's `/reset_prefix_cache`).
+    ClearCache,
 }
 
 /// Live jobs' chains, keyed by job id.
@@ -85,6 +94,8 @@ struct Live {
     progress: mpsc::UnboundedSender<Progress>,
     cached_tokens: u32,
     first_at: Option<f64>,
+    tokens: Vec<u32>,
+    cache_salt: String,
 }
 
 /// The replica and everything needed to drive it.
@@ -98,6 +109,17 @@ pub struct Model {
     /// `(done_at, id)` of decoding sequences; cancelled ones are skipped when they surface.
     decode_due: BinaryHeap<Reverse<(OrderedMs, usize)>>,
     counters: Snapshot,
+    /// Where the cache's stores and evictions are announced, when they are.
+    events: Option<Events>,
+}
+
+/// How the model announces its cache's changes.
+struct Events {
+    publish: Publisher,
+    block_size: usize,
+    /// Mixed into every announced block hash, so the hashes cannot be recomputed outside this
+    /// process (as an engine's, seeded per process, cannot).
+    nonce: u64,
 }
 
 /// A finite, non-negative time in ms, ordered by value.
@@ -126,6 +148,33 @@ impl Model {
             prefill_due: None,
             decode_due: BinaryHeap::new(),
             counters: Snapshot::default(),
+            events: None,
+        }
+    }
+
+    /// Announces every store and eviction of the cache through `publish`.
+    pub fn publishing(mut self, cfg: &FleetConfig, publish: Publisher) -> Self {
+        self.replica =
+            std::mem::replace(&mut self.replica, Replica::new(cfg)).keeping_cache_changes();
+        let nonce = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0x5eed, |d| d.as_nanos() as u64)
+            | 1;
+        self.events = Some(Events {
+            publish,
+            block_size: cfg.block_size_tokens,
+            nonce,
+        });
+        self
+    }
+
+    /// Empties the prefix cache and announces it.
+    pub fn clear_cache(&mut self) {
+        self.replica.clear_cache();
+        if let Some(events) = &self.events {
+            let _ = events
+                .publish
+                .send(Publish::Events(vec![KvEvent::AllBlocksCleared]));
         }
     }
 
@@ -152,6 +201,8 @@ impl Model {
                     progress: progress.clone(),
                     cached_tokens: 0,
                     first_at: None,
+                    tokens: new.tokens,
+                    cache_salt: new.cache_salt,
                 },
             );
             let started = self.replica.dispatch(now, job, &self.chains);
@@ -217,6 +268,20 @@ impl Model {
     fn prefill_done(&mut self, now: f64) {
         self.prefill_due = None;
         let (ended, started) = self.replica.finish_prefill(now, &self.chains);
+        if let (Some(end), Some(events)) = (&ended, &self.events) {
+            let changes = self.replica.take_cache_changes();
+            let chain = self
+                .chains
+                .0
+                .get(&end.request)
+                .map_or(&[][..], Vec::as_slice);
+            if let Some(live) = self.live.get(&end.request) {
+                let announced = events.announce(&changes, chain, &live.tokens, &live.cache_salt);
+                if !announced.is_empty() {
+                    let _ = events.publish.send(Publish::Events(announced));
+                }
+            }
+        }
         if let Some(end) = ended {
             if let Some(live) = self.live.get_mut(&end.request) {
                 live.first_at = Some(now);
@@ -283,10 +348,98 @@ pub fn instant_at(start: Instant, ms: f64) -> Instant {
     start + delay
 }
 
-/// Runs the model on the real clock until every sender is gone.
-pub fn spawn(cfg: &FleetConfig, start: Instant) -> mpsc::UnboundedSender<Command> {
+impl Events {
+    fn engine_hash(&self, hash: u64) -> u64 {
+        hash.rotate_left(17) ^ self.nonce
+    }
+
+    /// The events announcing `changes`, made while `chain` (with `tokens`) entered the
+    /// cache: the evictions, then the chain's blocks that are new, in runs that each name the
+    /// block before them as parent. A block stored and evicted within `changes` is in neither.
+    fn announce(
+        &self,
+        changes: &[CacheChange],
+        chain: &[u64],
+        tokens: &[u32],
+        cache_salt: &str,
+    ) -> Vec<KvEvent> {
+        let stored: HashSet<u64> = changes
+            .iter()
+            .filter_map(|c| match c {
+                CacheChange::Stored(h) => Some(*h),
+                CacheChange::Evicted(_) => None,
+            })
+            .collect();
+        let evicted: HashSet<u64> = changes
+            .iter()
+            .filter_map(|c| match c {
+                CacheChange::Evicted(h) => Some(*h),
+                CacheChange::Stored(_) => None,
+            })
+            .collect();
+        let mut events = Vec::new();
+        let removed: Vec<u64> = evicted
+            .iter()
+            .filter(|h| !stored.contains(h))
+            .map(|&h| self.engine_hash(h))
+            .collect();
+        if !removed.is_empty() {
+            events.push(KvEvent::BlockRemoved(RemovedBlocks {
+                block_hashes: removed,
+                medium: Medium::Gpu,
+            }));
+        }
+        let new = |i: usize| stored.contains(&chain[i]) && !evicted.contains(&chain[i]);
+        let size = self.block_size;
+        let mut i = 0;
+        while i < chain.len() {
+            if !new(i) {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < chain.len() && new(i) {
+                i += 1;
+            }
+            let Some(run_tokens) = tokens.get(start * size..i * size) else {
+                break;
+            };
+            let extra_keys = if start == 0 && !cache_salt.is_empty() {
+                let mut keys = vec![None; i - start];
+                keys[0] = Some(vec![cache_salt.to_string()]);
+                keys
+            } else {
+                Vec::new()
+            };
+            events.push(KvEvent::BlockStored(StoredBlocks {
+                block_hashes: chain[start..i]
+                    .iter()
+                    .map(|&h| self.engine_hash(h))
+                    .collect(),
+                parent_block_hash: start.checked_sub(1).map(|p| self.engine_hash(chain[p])),
+                token_ids: run_tokens.to_vec(),
+                block_size: size as u32,
+                medium: Medium::Gpu,
+                extra_keys,
+                ..StoredBlocks::default()
+            }));
+        }
+        events
+    }
+}
+
+/// Runs the model on the real clock until every sender is gone; announces the cache's
+/// changes through `publish` when given.
+pub fn spawn(
+    cfg: &FleetConfig,
+    start: Instant,
+    publish: Option<Publisher>,
+) -> mpsc::UnboundedSender<Command> {
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut model = Model::new(cfg);
+    if let Some(publish) = publish {
+        model = model.publishing(cfg, publish);
+    }
     tokio::spawn(async move {
         loop {
             model.advance(ms_since(start));
@@ -311,6 +464,7 @@ pub fn spawn(cfg: &FleetConfig, start: Instant) -> mpsc::UnboundedSender<Command
                 Command::Snapshot(reply) => {
                     let _ = reply.send(model.snapshot());
                 }
+                Command::ClearCache => model.clear_cache(),
             }
         }
     });
@@ -340,6 +494,8 @@ mod tests {
             prompt_tokens: prompt,
             output_tokens: output,
             chain: chain.to_vec(),
+            tokens: Vec::new(),
+            cache_salt: String::new(),
         }
     }
 
@@ -432,5 +588,47 @@ mod tests {
         // 1 produced its first token only; 3 its single one.
         assert_eq!(s.generation_tokens, 2);
         assert_eq!(m.next_deadline(), None);
+    }
+
+    #[test]
+    fn new_blocks_are_announced_as_chained_stores_after_the_evictions() {
+        let (commands, _rx) = mpsc::unbounded_channel();
+        let events = Events {
+            publish: Publisher::new(commands),
+            block_size: 2,
+            nonce: 0,
+        };
+        // Blocks 10 and 11 were cached; 12 and 13 are new; 99 made room for them.
+        let changes = [
+            CacheChange::Evicted(99),
+            CacheChange::Stored(13),
+            CacheChange::Stored(12),
+        ];
+        let announced = events.announce(&changes, &[10, 11, 12, 13], &[1, 2, 3, 4, 5, 6, 7, 8], "");
+        let hash = |h: u64| events.engine_hash(h);
+        assert_eq!(
+            announced,
+            [
+                KvEvent::BlockRemoved(RemovedBlocks {
+                    block_hashes: vec![hash(99)],
+                    medium: Medium::Gpu,
+                }),
+                KvEvent::BlockStored(StoredBlocks {
+                    block_hashes: vec![hash(12), hash(13)],
+                    parent_block_hash: Some(hash(11)),
+                    token_ids: vec![5, 6, 7, 8],
+                    block_size: 2,
+                    ..StoredBlocks::default()
+                }),
+            ]
+        );
+        // A salted chain from its start carries the salt on its first block.
+        let changes = [CacheChange::Stored(21), CacheChange::Stored(20)];
+        let announced = events.announce(&changes, &[20, 21], &[1, 2, 3, 4], "tenant");
+        let KvEvent::BlockStored(stored) = &announced[0] else {
+            panic!("{announced:?}");
+        };
+        assert_eq!(stored.parent_block_hash, None);
+        assert_eq!(stored.extra_keys, [Some(vec!["tenant".to_string()]), None]);
     }
 }

@@ -19,7 +19,7 @@ pub enum Carried {
 }
 
 /// Hands every replaced instance's state to its successor in `pipeline`; returns, per
-/// successor's label, what became of it.
+/// successor's label, what became of it (nothing for a predecessor that kept no state).
 pub fn carry_state(pipeline: &mut Pipeline) -> Vec<(String, Carried)> {
     let mut outcomes = Vec::new();
     for plugin in &mut pipeline.plugins {
@@ -37,9 +37,8 @@ pub fn carry_state(pipeline: &mut Pipeline) -> Vec<(String, Carried)> {
                 Carried::Fresh("its predecessor's library cannot export its state".into())
             }
             Err(e) => Carried::Fresh(format!("its predecessor failed to export: {}", e.message)),
-            Ok(text) if text.trim() == "null" => {
-                Carried::Fresh("its predecessor kept no state".into())
-            }
+            // Nothing to lose: not worth a word.
+            Ok(text) if text.trim() == "null" => continue,
             Ok(text) => match plugin.object.extension(extensions::IMPORT_STATE, &text) {
                 Ok(_) => Carried::Taken,
                 Err(e) if e.kind == ErrorKind::Unsupported => {

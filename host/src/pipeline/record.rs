@@ -106,7 +106,13 @@ pub fn attribute_json(value: &switchyard_plugin_api::AttrValue) -> serde_json::V
             "ttftMs": v.ttft_ms,
             "tpotMs": v.tpot_ms,
         }),
-        AttrValue::Custom(bytes) => serde_json::json!({ "customBytes": bytes.len() }),
+        AttrValue::Custom(bytes) => match std::str::from_utf8(bytes) {
+            // A short text (a producer's note on where a value came from) is shown as it is.
+            Ok(text) if text.len() <= 512 && !text.chars().any(char::is_control) => {
+                serde_json::json!({ "customBytes": bytes.len(), "text": text })
+            }
+            _ => serde_json::json!({ "customBytes": bytes.len() }),
+        },
     }
 }
 

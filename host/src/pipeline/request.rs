@@ -25,6 +25,13 @@ pub enum Prompt {
     Shared { buf: Arc<[u32]>, len: usize },
 }
 
+impl Prompt {
+    /// Whether the prompt came as text (its token ids will be the host's estimate).
+    pub fn is_text(&self) -> bool {
+        matches!(self, Prompt::Text(_) | Prompt::Texts(_) | Prompt::Chat(_))
+    }
+}
+
 /// One chat message as the tokenizer sees it: the role, and the text of its content (text
 /// parts of structured content concatenated).
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]

@@ -186,6 +186,22 @@ impl Snapshot {
     }
 }
 
+/// Says, under the token producer's key on every candidate, that the request's token ids
+/// are the host's estimate from text (an empty custom value; `keys::TOKENIZED_PROMPT`).
+fn mark_estimated(pipeline: &Pipeline, store: &mut [AttrValue], width: usize) {
+    let row = pipeline
+        .plugins
+        .iter()
+        .find(|p| p.host_native)
+        .and_then(|p| p.produced_rows.first());
+    if let Some(&row) = row {
+        let start = row as usize * width;
+        if let Some(values) = store.get_mut(start..start + width) {
+            values.fill_with(|| AttrValue::Custom(Default::default()));
+        }
+    }
+}
+
 /// # Safety
 /// The strings `view` borrows must outlive every use of the result.
 unsafe fn extend_view(view: EndpointView<'_>) -> EndpointView<'static> {
@@ -340,12 +356,21 @@ pub struct Scheduler {
     scratch: Scratch,
     /// Decisions made, for sampling call timings.
     decisions: u64,
+    /// The host index of every endpoint ever in the fleet, by id: one that leaves and comes
+    /// back (an ejected endpoint) gets its index, and with it its plugin state, back.
+    indices: HashMap<String, u32>,
 }
 
 impl Scheduler {
     pub fn new(pipeline: Arc<Pipeline>, fleet: Fleet, seed: u64) -> Scheduler {
         let stats = vec![PluginStats::default(); pipeline.plugins.len()];
         let host_indices = (0..fleet.endpoints.len() as u32).collect();
+        let indices = fleet
+            .endpoints
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.id.clone(), i as u32))
+            .collect();
         let windows = pipeline.producers.iter().map(|_| None).collect();
         crate::plugins::crash_note::install();
         Scheduler {
@@ -359,6 +384,7 @@ impl Scheduler {
             stats,
             scratch: Scratch::default(),
             decisions: 0,
+            indices,
         }
     }
 
@@ -383,31 +409,22 @@ impl Scheduler {
     /// Replaces the fleet for requests submitted from now on. Endpoints keep their host index
     /// by id, so per-endpoint plugin state follows them.
     pub fn set_fleet(&mut self, fleet: Fleet) {
-        let old: HashMap<&str, u32> = self
-            .fleet
-            .endpoints
-            .iter()
-            .zip(self.fleet.host_indices.iter())
-            .map(|(e, &i)| (e.id.as_str(), i))
-            .collect();
-        let mut next = self
-            .fleet
-            .host_indices
-            .iter()
-            .copied()
-            .max()
-            .map_or(0, |m| m + 1);
         let indices = fleet
             .endpoints
             .iter()
-            .map(|e| {
-                old.get(e.id.as_str()).copied().unwrap_or_else(|| {
-                    next += 1;
-                    next - 1
-                })
-            })
+            .map(|e| self.host_index_for(&e.id))
             .collect();
         self.fleet = Snapshot::new(fleet.endpoints, indices);
+    }
+
+    /// The host index of endpoint `id`, given it now if it never had one.
+    pub fn host_index_for(&mut self, id: &str) -> u32 {
+        if let Some(&index) = self.indices.get(id) {
+            return index;
+        }
+        let index = self.indices.len() as u32;
+        self.indices.insert(id.to_string(), index);
+        index
     }
 
     /// Updates the load facts of the current fleet (same endpoints, same order). Requests
@@ -498,6 +515,9 @@ impl Scheduler {
         });
         let mut store = self.scratch.stores.pop().unwrap_or_default();
         fill_absent(&mut store, self.pipeline.rows.len() * fleet.len());
+        if request.prompt.is_text() {
+            mark_estimated(&self.pipeline, &mut store, fleet.len());
+        }
         let ticket = Ticket {
             store,
             request: Admitted::new(
@@ -920,7 +940,8 @@ impl Scheduler {
             if pipeline.plain_rows {
                 // SAFETY: with plain rows every value in the store is `Absent` or a variant of
                 // a well-known data type (the host checked each producer's output against its
-                // key's type before moving it in), none of which owns memory, so forgetting
+                // key's type before moving it in) or the host's empty text marker
+                // (`mark_estimated`), none of which owns memory, so forgetting
                 // the values instead of dropping them frees nothing that needed freeing.
                 unsafe { store.set_len(0) };
             } else {

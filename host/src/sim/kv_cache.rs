@@ -36,6 +36,15 @@ pub struct BlockCache {
     /// Every slot, least recently used first.
     lru: IndexList,
     evictions: u64,
+    /// Blocks stored and evicted since the last [`BlockCache::take_changes`], when kept.
+    changes: Option<Vec<CacheChange>>,
+}
+
+/// One change to the cache's contents, as an engine would announce it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheChange {
+    Stored(u64),
+    Evicted(u64),
 }
 
 impl BlockCache {
@@ -47,6 +56,30 @@ impl BlockCache {
             hashes: Vec::new(),
             lru: IndexList::with_ids(0),
             evictions: 0,
+            changes: None,
+        }
+    }
+
+    /// Keeps every store and eviction from now on, for [`BlockCache::take_changes`].
+    pub fn keep_changes(&mut self) {
+        self.changes.get_or_insert_with(Vec::new);
+    }
+
+    /// The stores and evictions since the last call, in order.
+    pub fn take_changes(&mut self) -> Vec<CacheChange> {
+        self.changes
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Forgets every block (an engine resetting its prefix cache); not counted as evictions.
+    pub fn clear(&mut self) {
+        self.slots.clear();
+        self.hashes.clear();
+        self.lru = IndexList::with_ids(0);
+        if let Some(changes) = &mut self.changes {
+            changes.clear();
         }
     }
 
@@ -104,6 +137,9 @@ impl BlockCache {
         } else {
             let victim = self.lru.front().expect("a full cache lists its slots");
             self.evictions += 1;
+            if let Some(changes) = &mut self.changes {
+                changes.push(CacheChange::Evicted(self.hashes[victim as usize]));
+            }
             self.lru.unlink(victim);
             self.slots.remove(&self.hashes[victim as usize]);
             self.hashes[victim as usize] = hash;
@@ -111,6 +147,9 @@ impl BlockCache {
         };
         self.slots.insert(hash, slot);
         self.lru.push_back(slot);
+        if let Some(changes) = &mut self.changes {
+            changes.push(CacheChange::Stored(hash));
+        }
     }
 }
 

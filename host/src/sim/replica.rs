@@ -184,6 +184,22 @@ impl Replica {
     }
 
     /// The request whose prefill is running, if any.
+    /// Keeps the cache's stores and evictions for [`Replica::take_cache_changes`].
+    pub fn keeping_cache_changes(mut self) -> Self {
+        self.cache.keep_changes();
+        self
+    }
+
+    /// The cache's stores and evictions since the last call, in order.
+    pub fn take_cache_changes(&mut self) -> Vec<super::kv_cache::CacheChange> {
+        self.cache.take_changes()
+    }
+
+    /// Empties the prefix cache (an engine resetting it, e.g. after loading new weights).
+    pub fn clear_cache(&mut self) {
+        self.cache.clear();
+    }
+
     pub fn prefilling(&self) -> Option<usize> {
         self.prefilling.as_ref().map(|job| job.request)
     }

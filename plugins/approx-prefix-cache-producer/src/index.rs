@@ -207,6 +207,13 @@ impl PrefixIndex {
         }
     }
 
+    /// Forgets every block the endpoint in `slot` holds (its engine emptied its cache).
+    pub fn clear_slot(&mut self, slot: usize) {
+        if slot < self.endpoints.len() {
+            self.vacate(slot);
+        }
+    }
+
     /// Number of blocks the endpoint in `slot` holds (0 for an empty slot).
     pub fn blocks_held(&self, slot: usize) -> usize {
         match self.endpoints.get(slot) {

@@ -13,6 +13,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use serde::Deserialize;
 use serde_json::json;
 use switchyard_plugin_api::keys::{PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER};
+use switchyard_plugin_api::kv::{KvEvent, KvEventBatch};
 use switchyard_plugin_api::sdk::{Declare, Instance, Param, PluginFactory, ProduceBatch, Producer};
 use switchyard_plugin_api::{
     AttrValue, EndpointView, PluginError, PluginKind, PrefixCacheMatchInfo, ProduceItem,
@@ -283,9 +284,27 @@ impl ApproxProducer {
 
 impl Producer for ApproxProducer {
     fn declare(&self) -> Declare {
-        Declare::default()
+        let mut declared = Declare::default()
             .produces(PREFIX_CACHE_MATCH_INFO, &self.name)
-            .requires(TOKENIZED_PROMPT, TOKEN_PRODUCER)
+            .requires(TOKENIZED_PROMPT, TOKEN_PRODUCER);
+        // For the resets: an engine that emptied its cache, or an operator's reset.
+        declared.kv_events = true;
+        declared
+    }
+
+    /// Forgets what an endpoint was estimated to hold once it is known to hold nothing: its
+    /// engine cleared its cache, or an operator reset it. Stores and removals are left to
+    /// the producers that index them.
+    fn kv_events(&self, batch: &KvEventBatch) -> Result<(), PluginError> {
+        let emptied = batch.events.iter().any(|event| match event {
+            KvEvent::AllBlocksCleared => true,
+            KvEvent::Reset(reset) => reset.known,
+            _ => false,
+        });
+        if emptied {
+            lock(&self.index).clear_slot(batch.host_index as usize);
+        }
+        Ok(())
     }
 
     fn produce(

@@ -356,3 +356,47 @@ fn a_remembered_hashing_is_reused_only_for_the_same_request_and_parameters() {
         }
     }
 }
+
+#[test]
+fn an_endpoint_known_to_hold_nothing_is_forgotten_and_a_lost_event_changes_nothing() {
+    use switchyard_plugin_api::kv::{KvEvent, KvEventBatch, Reset, ResetReason};
+    let producer = instance("null");
+    assert!(producer.wants_kv_events().unwrap());
+    let a = endpoint(0, "a", 64, 1000);
+    let b = endpoint(1, "b", 64, 1000);
+    let prompt: Vec<u32> = (0..256).collect();
+    for e in [&a, &b] {
+        producer
+            .dispatched(&request(&[&prompt]), e, e.host_index as usize)
+            .unwrap();
+    }
+    let held = |p: &Harness| -> Vec<u64> {
+        produce(p, &[&prompt], &[&a, &b])
+            .iter()
+            .map(|m| m.match_blocks)
+            .collect()
+    };
+    assert_eq!(held(&producer), [4, 4]);
+    let batch = |host_index: u32, event: KvEvent| KvEventBatch {
+        host_index,
+        endpoint: String::new(),
+        now_ms: 0,
+        events: vec![event],
+    };
+    let lost = KvEvent::Reset(Reset {
+        reason: ResetReason::Gap,
+        known: false,
+    });
+    producer.kv_events(&batch(0, lost)).unwrap();
+    assert_eq!(held(&producer), [4, 4]);
+    let admin = KvEvent::Reset(Reset {
+        reason: ResetReason::Admin,
+        known: true,
+    });
+    producer.kv_events(&batch(0, admin)).unwrap();
+    assert_eq!(held(&producer), [0, 4]);
+    producer
+        .kv_events(&batch(1, KvEvent::AllBlocksCleared))
+        .unwrap();
+    assert_eq!(held(&producer), [0, 0]);
+}

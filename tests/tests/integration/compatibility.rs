@@ -130,7 +130,7 @@ fn a_library_built_against_1_2_loads_and_takes_no_kv_events() {
     // KV events and state import arrived in 1.3: asked at wiring, a 1.2 library answers that
     // it knows neither, so the host neither feeds it events nor hands it an older state.
     assert_unsupported(&producer, extensions::KV_EVENTS);
-    let batch = r#"{"host_index":0,"events":[{"type":"AllBlocksCleared"}]}"#;
+    let batch = r#"{"host_index":0,"events":["AllBlocksCleared"]}"#;
     let error = producer
         .extension(extensions::KV_EVENTS, batch)
         .expect_err("a 1.2 library takes no KV events");

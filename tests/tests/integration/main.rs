@@ -20,6 +20,7 @@ mod fair_share;
 mod faults;
 mod handover;
 mod hashing_through_libraries;
+mod kv_events;
 mod library_refusals;
 mod mock_replica;
 mod plugin_readmes;

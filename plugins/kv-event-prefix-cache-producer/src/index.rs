@@ -1,0 +1,486 @@
+//! The dual-key index: what each endpoint's engine says it holds, keyed both by the engine's
+//! own block hashes and by ours.
+//!
+//! The engine's hash cannot be recomputed outside the engine (it depends on a per-process seed
+//! and on the hash algorithm), so it is only ever used as a name: a stored block's *request
+//! key* is our chained hash of its token ids, continuing from its parent's request key, and
+//! requests are matched on request keys. Removals carry engine hashes only and are resolved
+//! through the engine → request key map. Each tier (GPU, CPU, other) is counted apart.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use switchyard_plugin_api::kv::{Medium, StoredBlocks};
+use switchyard_prefix_hashing::{hash_prompt_into, prompt_seed};
+
+/// Block keys (ours and the engines') are already uniform 64-bit hashes: a map uses them as
+/// they are instead of hashing them again.
+#[derive(Default)]
+pub struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+}
+
+type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
+
+/// Tiers in the order their counts are kept.
+pub const TIERS: usize = 3;
+
+pub fn tier(medium: Medium) -> usize {
+    match medium {
+        Medium::Gpu => 0,
+        Medium::Cpu => 1,
+        Medium::Other => 2,
+    }
+}
+
+/// Whether an endpoint's index can be trusted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Status {
+    /// Every event since the endpoint's index was last empty has been applied.
+    Exact,
+    /// Events were lost at `since_ms`; the index holds only what arrived since.
+    Rebuilding { since_ms: u64, reason: String },
+}
+
+/// One engine block on one endpoint.
+#[derive(Debug, Clone, Copy)]
+struct EngineBlock {
+    ours: u64,
+    /// Stores not yet removed, per tier (an offloading engine may announce a block again).
+    stored: [u32; TIERS],
+}
+
+/// What one endpoint holds.
+#[derive(Debug)]
+pub struct EndpointIndex {
+    pub id: String,
+    pub block_size: u32,
+    pub status: Status,
+    engine: KeyMap<EngineBlock>,
+    /// Per request key, how many engine blocks hold it, per tier.
+    ours: KeyMap<[u32; TIERS]>,
+    /// Request keys held, per tier.
+    pub blocks: [u64; TIERS],
+    pub unknown_parents: u64,
+    pub without_tokens: u64,
+    pub unknown_removals: u64,
+    pub malformed: u64,
+}
+
+impl EndpointIndex {
+    fn new(block_size: u32) -> Self {
+        EndpointIndex {
+            id: String::new(),
+            block_size,
+            status: Status::Exact,
+            engine: KeyMap::default(),
+            ours: KeyMap::default(),
+            blocks: [0; TIERS],
+            unknown_parents: 0,
+            without_tokens: 0,
+            unknown_removals: 0,
+            malformed: 0,
+        }
+    }
+
+    pub fn engine_keys(&self) -> usize {
+        self.engine.len()
+    }
+}
+
+/// The endpoints holding one request key: a bit per host index, per tier, tier-major.
+#[derive(Debug, Clone)]
+struct Holders(Vec<u64>);
+
+impl Holders {
+    fn word(&self, tier: usize, word: usize, words: usize) -> u64 {
+        self.0.get(tier * words + word).copied().unwrap_or(0)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.iter().all(|&w| w == 0)
+    }
+}
+
+/// Per-request buffers, reused between calls.
+#[derive(Default)]
+pub struct MatchScratch {
+    alive: Vec<u64>,
+}
+
+/// All endpoints' blocks.
+pub struct KvIndex {
+    default_block_size: u32,
+    endpoints: Vec<EndpointIndex>,
+    holders: KeyMap<Holders>,
+    /// Bitset words per tier in every `Holders`.
+    words: usize,
+    /// LoRA adapter names seen in events: a request naming one as its model is matched
+    /// against that adapter's blocks.
+    loras: HashSet<String>,
+    hashes: Vec<u64>,
+}
+
+impl KvIndex {
+    pub fn new(default_block_size: u32) -> Self {
+        KvIndex {
+            default_block_size,
+            endpoints: Vec::new(),
+            holders: KeyMap::default(),
+            words: 1,
+            loras: HashSet::new(),
+            hashes: Vec::new(),
+        }
+    }
+
+    pub fn endpoints(&self) -> impl Iterator<Item = (usize, &EndpointIndex)> {
+        self.endpoints.iter().enumerate()
+    }
+
+    pub fn endpoint(&self, host_index: usize) -> Option<&EndpointIndex> {
+        self.endpoints.get(host_index)
+    }
+
+    pub fn distinct_blocks(&self) -> usize {
+        self.holders.len()
+    }
+
+    /// The block size requests are hashed with for `host_index`.
+    pub fn block_size(&self, host_index: usize) -> u32 {
+        self.endpoints
+            .get(host_index)
+            .map_or(self.default_block_size, |e| e.block_size)
+    }
+
+    /// The seed of a request's chain: its model when that is a LoRA adapter the engines
+    /// announced, and its cache salt.
+    pub fn request_seed(&self, model: &str, cache_salt: &str) -> u64 {
+        let lora = if self.loras.contains(model) {
+            model
+        } else {
+            ""
+        };
+        prompt_seed(lora, cache_salt)
+    }
+
+    fn endpoint_mut(&mut self, host_index: usize, id: &str) -> &mut EndpointIndex {
+        if host_index >= self.endpoints.len() {
+            let size = self.default_block_size;
+            self.endpoints
+                .resize_with(host_index + 1, || EndpointIndex::new(size));
+            let words = (host_index / 64) + 1;
+            if words > self.words {
+                self.widen(words);
+            }
+        }
+        let endpoint = &mut self.endpoints[host_index];
+        if endpoint.id != id && !id.is_empty() {
+            endpoint.id.clear();
+            endpoint.id.push_str(id);
+        }
+        endpoint
+    }
+
+    /// Re-lays every holder set out for `words` words per tier.
+    fn widen(&mut self, words: usize) {
+        let old = self.words;
+        for holders in self.holders.values_mut() {
+            let mut wider = vec![0u64; TIERS * words];
+            for tier in 0..TIERS {
+                wider[tier * words..tier * words + old]
+                    .copy_from_slice(&holders.0[tier * old..tier * old + old]);
+            }
+            holders.0 = wider;
+        }
+        self.words = words;
+    }
+
+    fn set_bit(&mut self, ours: u64, host_index: usize, tier: usize, on: bool) {
+        let words = self.words;
+        let (word, bit) = (host_index / 64, 1u64 << (host_index % 64));
+        if on {
+            let holders = self
+                .holders
+                .entry(ours)
+                .or_insert_with(|| Holders(vec![0; TIERS * words]));
+            holders.0[tier * words + word] |= bit;
+        } else if let Some(holders) = self.holders.get_mut(&ours) {
+            holders.0[tier * words + word] &= !bit;
+            if holders.is_empty() {
+                self.holders.remove(&ours);
+            }
+        }
+    }
+
+    /// Applies a `BlockStored` event. Returns how many blocks were added.
+    pub fn store(&mut self, host_index: usize, id: &str, stored: &StoredBlocks) -> usize {
+        let count = stored.block_hashes.len();
+        let block_size = stored.block_size;
+        let lora = lora_name(stored);
+        if let Some(name) = &lora {
+            if !self.loras.contains(name.as_str()) {
+                self.loras.insert(name.clone());
+            }
+        }
+        let endpoint = self.endpoint_mut(host_index, id);
+        if block_size == 0 || count == 0 {
+            endpoint.malformed += 1;
+            return 0;
+        }
+        endpoint.block_size = block_size;
+        let parent = match stored.parent_block_hash {
+            None => None,
+            Some(parent) => match endpoint.engine.get(&parent) {
+                Some(block) => Some(block.ours),
+                None => {
+                    endpoint.unknown_parents += 1;
+                    return 0;
+                }
+            },
+        };
+        let mut hashes = std::mem::take(&mut self.hashes);
+        hashes.clear();
+        let tokens = &stored.token_ids;
+        let endpoint = &mut self.endpoints[host_index];
+        if tokens.len() == count * block_size as usize {
+            let seed = parent.unwrap_or_else(|| {
+                prompt_seed(
+                    lora.as_deref().unwrap_or(""),
+                    &salt(stored, lora.as_deref()),
+                )
+            });
+            hash_prompt_into(seed, tokens, block_size as usize, count, &mut hashes);
+        } else if tokens.is_empty() {
+            // A store without tokens (an offloading tier) names blocks the endpoint already
+            // holds in another tier; unknown ones cannot be placed in a chain.
+            for engine_hash in &stored.block_hashes {
+                match endpoint.engine.get(engine_hash) {
+                    Some(block) => hashes.push(block.ours),
+                    None => {
+                        endpoint.without_tokens += 1;
+                        break;
+                    }
+                }
+            }
+        } else {
+            endpoint.malformed += 1;
+        }
+        let tier = tier(stored.medium);
+        let mut added = 0;
+        for (&engine_hash, &ours) in stored.block_hashes.iter().zip(&hashes) {
+            if self.add(host_index, engine_hash, ours, tier) {
+                added += 1;
+            }
+        }
+        self.hashes = hashes;
+        added
+    }
+
+    /// Records one engine block; returns whether the endpoint newly holds `ours` in `tier`.
+    fn add(&mut self, host_index: usize, engine_hash: u64, ours: u64, tier: usize) -> bool {
+        let endpoint = &mut self.endpoints[host_index];
+        let block = endpoint.engine.entry(engine_hash).or_insert(EngineBlock {
+            ours,
+            stored: [0; TIERS],
+        });
+        if block.ours != ours {
+            // The engine reused a hash for other content: the old content is gone.
+            let old = *block;
+            *block = EngineBlock {
+                ours,
+                stored: [0; TIERS],
+            };
+            for (t, &n) in old.stored.iter().enumerate() {
+                for _ in 0..n {
+                    self.release(host_index, old.ours, t);
+                }
+            }
+        }
+        let endpoint = &mut self.endpoints[host_index];
+        let block = endpoint
+            .engine
+            .get_mut(&engine_hash)
+            .expect("inserted above");
+        block.stored[tier] += 1;
+        if block.stored[tier] > 1 {
+            return false;
+        }
+        let held = endpoint.ours.entry(ours).or_insert([0; TIERS]);
+        held[tier] += 1;
+        if held[tier] > 1 {
+            return false;
+        }
+        endpoint.blocks[tier] += 1;
+        self.set_bit(ours, host_index, tier, true);
+        true
+    }
+
+    /// Drops one engine block's hold on `ours` in `tier`.
+    fn release(&mut self, host_index: usize, ours: u64, tier: usize) {
+        let endpoint = &mut self.endpoints[host_index];
+        let Some(held) = endpoint.ours.get_mut(&ours) else {
+            return;
+        };
+        if held[tier] == 0 {
+            return;
+        }
+        held[tier] -= 1;
+        if held[tier] > 0 {
+            return;
+        }
+        if held.iter().all(|&n| n == 0) {
+            endpoint.ours.remove(&ours);
+        }
+        endpoint.blocks[tier] -= 1;
+        self.set_bit(ours, host_index, tier, false);
+    }
+
+    /// Applies a `BlockRemoved` event. Returns how many blocks the endpoint no longer holds.
+    pub fn remove(&mut self, host_index: usize, id: &str, hashes: &[u64], medium: Medium) -> usize {
+        let tier = tier(medium);
+        self.endpoint_mut(host_index, id);
+        let mut removed = 0;
+        for engine_hash in hashes {
+            let endpoint = &mut self.endpoints[host_index];
+            let Some(block) = endpoint.engine.get_mut(engine_hash) else {
+                endpoint.unknown_removals += 1;
+                continue;
+            };
+            if block.stored[tier] == 0 {
+                endpoint.unknown_removals += 1;
+                continue;
+            }
+            block.stored[tier] -= 1;
+            let ours = block.ours;
+            let last = block.stored[tier] == 0;
+            if block.stored.iter().all(|&n| n == 0) {
+                endpoint.engine.remove(engine_hash);
+            }
+            if last {
+                let before = self.endpoints[host_index].blocks[tier];
+                self.release(host_index, ours, tier);
+                removed += usize::from(self.endpoints[host_index].blocks[tier] < before);
+            }
+        }
+        removed
+    }
+
+    /// Forgets everything `host_index` holds and sets its status.
+    pub fn clear(&mut self, host_index: usize, id: &str, status: Status) {
+        self.endpoint_mut(host_index, id);
+        let endpoint = &mut self.endpoints[host_index];
+        let ours: Vec<(u64, [u32; TIERS])> = endpoint.ours.drain().collect();
+        endpoint.engine.clear();
+        endpoint.blocks = [0; TIERS];
+        endpoint.status = status;
+        for (key, held) in ours {
+            for (tier, &n) in held.iter().enumerate() {
+                if n > 0 {
+                    self.set_bit(key, host_index, tier, false);
+                }
+            }
+        }
+    }
+
+    pub fn set_status(&mut self, host_index: usize, id: &str, status: Status) {
+        self.endpoint_mut(host_index, id).status = status;
+    }
+
+    /// Adds to `matched[host_index]` the leading blocks of `hashes` (one prompt's chain) each
+    /// endpoint holds, for every endpoint whose bit is set in `candidates`.
+    pub fn match_into(
+        &self,
+        hashes: &[u64],
+        include_cpu: bool,
+        candidates: &[u64],
+        scratch: &mut MatchScratch,
+        matched: &mut [u64],
+    ) {
+        let words = self.words.min(candidates.len());
+        scratch.alive.clear();
+        scratch.alive.extend_from_slice(&candidates[..words]);
+        let alive = &mut scratch.alive;
+        for (position, hash) in hashes.iter().enumerate() {
+            let holders = self.holders.get(hash);
+            let mut any = false;
+            for (word, alive_word) in alive.iter_mut().enumerate() {
+                if *alive_word == 0 {
+                    continue;
+                }
+                let held = holders.map_or(0, |h| {
+                    let mut bits = h.word(0, word, self.words);
+                    if include_cpu {
+                        bits |= h.word(1, word, self.words);
+                    }
+                    bits
+                });
+                credit(*alive_word & !held, word, position as u64, matched);
+                *alive_word &= held;
+                any |= *alive_word != 0;
+            }
+            if !any {
+                return;
+            }
+        }
+        for (word, &alive_word) in alive.iter().enumerate() {
+            credit(alive_word, word, hashes.len() as u64, matched);
+        }
+    }
+}
+
+/// Adds `blocks` to `matched` for every host index whose bit is set in `bits` (word `word`).
+fn credit(mut bits: u64, word: usize, blocks: u64, matched: &mut [u64]) {
+    while bits != 0 {
+        let bit = bits.trailing_zeros() as usize;
+        bits &= bits - 1;
+        if let Some(slot) = matched.get_mut(word * 64 + bit) {
+            *slot += blocks;
+        }
+    }
+}
+
+/// The LoRA adapter of a store: its name, or, from an engine that sends only the id, the
+/// first extra key of its first block.
+fn lora_name(stored: &StoredBlocks) -> Option<String> {
+    if let Some(name) = &stored.lora_name {
+        return Some(name.clone());
+    }
+    stored.lora_id?;
+    stored
+        .extra_keys
+        .first()
+        .and_then(|keys| keys.as_ref())
+        .and_then(|keys| keys.first())
+        .cloned()
+}
+
+/// The cache salt a chain starts with: the first block's extra keys less the LoRA name.
+fn salt(stored: &StoredBlocks, lora: Option<&str>) -> String {
+    let Some(Some(keys)) = stored.extra_keys.first() else {
+        return String::new();
+    };
+    let mut salt = String::new();
+    let mut lora_skipped = false;
+    for key in keys {
+        if !lora_skipped && Some(key.as_str()) == lora {
+            lora_skipped = true;
+            continue;
+        }
+        salt.push_str(key);
+    }
+    salt
+}

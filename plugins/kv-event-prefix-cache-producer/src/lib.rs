@@ -1,0 +1,381 @@
+//! kv-event-prefix-cache-producer: reports per endpoint how many leading blocks of a request's
+//! prompt the endpoint's engine holds, from the KV-cache events the engines publish (the host
+//! subscribes and hands them over; this library does no I/O).
+//!
+//! This module is the plugin itself: its factory, the producer that matches requests against
+//! the [`index::KvIndex`], and the event handler that keeps the index.
+
+pub mod config;
+pub mod index;
+
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
+
+use serde_json::json;
+use switchyard_plugin_api::keys::{PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER};
+use switchyard_plugin_api::kv::{KvEvent, KvEventBatch};
+use switchyard_plugin_api::sdk::{Declare, Instance, Param, PluginFactory, ProduceBatch, Producer};
+use switchyard_plugin_api::{
+    AttrValue, PluginError, PluginKind, PrefixCacheMatchInfo, ProduceItem, Stability,
+};
+use switchyard_prefix_hashing::hash_prompt_into;
+
+use config::KvEventPrefixCacheConfig;
+use index::{KvIndex, MatchScratch, Status};
+
+/// Positions of the declared produced keys.
+const PRODUCES_MATCH_INFO: usize = 0;
+const PRODUCES_SOURCE: usize = 1;
+/// Positions of the consumed keys.
+const CONSUMES_TOKENS: usize = 0;
+const CONSUMES_FALLBACK: usize = 1;
+
+/// The data type under which the producer says, for an explained request, where a value it
+/// wrote came from when it was not the exact index (UTF-8 text in a custom value).
+pub const PREFIX_CACHE_SOURCE: &str = "PrefixCacheSource";
+
+/// Why a text prompt is not matched against the index.
+const TEXT_PROMPT: &str =
+    "a text prompt: its token ids are the host's estimate, which no engine stored";
+
+/// Why a value is not the exact index's.
+enum Why<'a> {
+    TextPrompt,
+    Incomplete(&'a str),
+}
+
+pub static FACTORY: PluginFactory = PluginFactory {
+    type_name: "kv-event-prefix-cache-producer",
+    kind: PluginKind::Producer,
+    stability: Stability::Beta,
+    description: "Reports how many leading prompt blocks each endpoint holds, from the KV-cache \
+                  events its engine publishes.",
+    parameters: &[
+        Param {
+            name: "blockSizeTokens",
+            value_type: "integer",
+            default: "16",
+            range: "1..=4096",
+            description: "The engines' block size until an endpoint's first event tells its own.",
+        },
+        Param {
+            name: "maxPrefixBlocksToMatch",
+            value_type: "integer",
+            default: "2048",
+            range: ">= 1",
+            description: "Most blocks of a prompt to hash and match.",
+        },
+        Param {
+            name: "includeCpuTier",
+            value_type: "bool",
+            default: "false",
+            range: "true | false",
+            description: "Count blocks an endpoint holds only in its CPU tier as matched.",
+        },
+        Param {
+            name: "fallbackProducerName",
+            value_type: "string",
+            default: "\"approx-prefix-cache-producer\"",
+            range: "a producer instance name, or empty for none",
+            description: "Whose PrefixCacheMatchInfo stands in for an endpoint whose index is \
+                          incomplete.",
+        },
+        Param {
+            name: "rebuildMs",
+            value_type: "integer",
+            default: "60000",
+            range: ">= 0",
+            description: "After events were lost, how long the index rebuilds from live events \
+                          before it is trusted again; 0 trusts it at once.",
+        },
+    ],
+    create,
+};
+
+fn create(instance_name: &str, parameters: &str) -> Result<Instance, PluginError> {
+    let config = KvEventPrefixCacheConfig::parse(parameters)?;
+    Ok(Instance::producer(KvEventProducer::new(
+        instance_name,
+        config,
+    )))
+}
+
+/// Buffers of one produce call, kept between calls so a warm call allocates nothing.
+#[derive(Default)]
+struct Scratch {
+    hashes: Vec<u64>,
+    /// Where each prompt's hashes end in `hashes`.
+    ends: Vec<usize>,
+    /// Matched blocks per host index.
+    matched: Vec<u64>,
+    /// Candidate bits per host index, for the block size being matched.
+    candidates: Vec<u64>,
+    sizes: Vec<u32>,
+    /// The request's blocks at each size in `sizes`.
+    totals: Vec<u64>,
+    matching: MatchScratch,
+}
+
+/// One configured instance.
+pub struct KvEventProducer {
+    name: String,
+    config: KvEventPrefixCacheConfig,
+    index: RwLock<KvIndex>,
+    scratch: Mutex<Vec<Scratch>>,
+}
+
+impl KvEventProducer {
+    pub fn new(name: &str, config: KvEventPrefixCacheConfig) -> Self {
+        KvEventProducer {
+            name: name.to_owned(),
+            index: RwLock::new(KvIndex::new(config.block_size())),
+            config,
+            scratch: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, KvIndex> {
+        self.index.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, KvIndex> {
+        self.index.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Why `host_index`'s index cannot stand for its cache at `now_ms`, if it cannot.
+    fn incomplete<'a>(
+        &self,
+        index: &'a KvIndex,
+        host_index: usize,
+        now_ms: u64,
+    ) -> Option<&'a str> {
+        match &index.endpoint(host_index)?.status {
+            Status::Exact => None,
+            Status::Rebuilding { since_ms, reason } => (now_ms.saturating_sub(*since_ms)
+                < self.config.rebuild_ms as u64)
+                .then_some(reason.as_str()),
+        }
+    }
+
+    fn produce_item(
+        &self,
+        item: &ProduceItem<'_>,
+        scratch: &mut Scratch,
+        out: &mut ProduceBatch<'_>,
+    ) {
+        let endpoints = item.endpoints.as_slice();
+        let request = &item.request;
+        // Token ids the host estimated from text match no engine's blocks.
+        let estimated = endpoints
+            .first()
+            .and_then(|e| item.attrs.get(CONSUMES_TOKENS, e))
+            .is_some_and(|v| matches!(v, AttrValue::Custom(bytes) if bytes.is_empty()));
+        let index = self.read();
+        let width = endpoints
+            .iter()
+            .map(|e| e.host_index as usize + 1)
+            .max()
+            .unwrap_or(0);
+        scratch.matched.clear();
+        scratch.matched.resize(width, 0);
+        scratch.sizes.clear();
+        for endpoint in endpoints {
+            let size = index.block_size(endpoint.host_index as usize);
+            if !scratch.sizes.contains(&size) {
+                scratch.sizes.push(size);
+            }
+        }
+        let seed = index.request_seed(&request.model, &request.cache_salt);
+        scratch.totals.clear();
+        for &size in &scratch.sizes {
+            scratch.hashes.clear();
+            scratch.ends.clear();
+            for prompt in request.prompts.iter() {
+                hash_prompt_into(
+                    seed,
+                    &prompt.tokens,
+                    size as usize,
+                    self.config.max_blocks(),
+                    &mut scratch.hashes,
+                );
+                scratch.ends.push(scratch.hashes.len());
+            }
+            scratch.totals.push(scratch.hashes.len() as u64);
+            scratch.candidates.clear();
+            scratch.candidates.resize(width.div_ceil(64), 0);
+            for endpoint in endpoints {
+                let host = endpoint.host_index as usize;
+                if index.block_size(host) == size {
+                    scratch.candidates[host / 64] |= 1 << (host % 64);
+                }
+            }
+            let mut start = 0;
+            for &end in &scratch.ends {
+                index.match_into(
+                    &scratch.hashes[start..end],
+                    self.config.include_cpu_tier,
+                    &scratch.candidates,
+                    &mut scratch.matching,
+                    &mut scratch.matched,
+                );
+                start = end;
+            }
+        }
+        for (position, endpoint) in endpoints.iter().enumerate() {
+            let host = endpoint.host_index as usize;
+            let size = index.block_size(host);
+            let round = scratch.sizes.iter().position(|&s| s == size).unwrap_or(0);
+            let precise = PrefixCacheMatchInfo {
+                match_blocks: scratch.matched[host],
+                total_blocks: scratch.totals.get(round).copied().unwrap_or(0),
+                block_size_tokens: u64::from(size),
+            };
+            let why = if estimated {
+                Some(Why::TextPrompt)
+            } else {
+                self.incomplete(&index, host, request.now_ms)
+                    .map(Why::Incomplete)
+            };
+            let value = match why {
+                None => precise,
+                Some(why) => {
+                    let fallback = item
+                        .attrs
+                        .get(CONSUMES_FALLBACK, endpoint)
+                        .and_then(AttrValue::prefix_cache_match);
+                    if request.explain {
+                        let reason = match why {
+                            Why::TextPrompt => TEXT_PROMPT.to_string(),
+                            Why::Incomplete(reason) => format!("index incomplete ({reason})"),
+                        };
+                        let text = match fallback {
+                            Some(_) => format!(
+                                "estimate from {}: {reason}",
+                                self.config.fallback_producer_name
+                            ),
+                            None => format!("{reason}; no estimate to fall back on"),
+                        };
+                        out.put(
+                            item,
+                            PRODUCES_SOURCE,
+                            position,
+                            AttrValue::Custom(text.into_bytes().into()),
+                        );
+                    }
+                    fallback.unwrap_or(precise)
+                }
+            };
+            out.put(
+                item,
+                PRODUCES_MATCH_INFO,
+                position,
+                AttrValue::PrefixCacheMatch(value),
+            );
+        }
+    }
+
+    /// Applies one endpoint's events in order.
+    fn apply(&self, batch: &KvEventBatch) {
+        let host = batch.host_index as usize;
+        let id = batch.endpoint.as_str();
+        let mut index = self.write();
+        for event in &batch.events {
+            match event {
+                KvEvent::BlockStored(stored) => {
+                    index.store(host, id, stored);
+                }
+                KvEvent::BlockRemoved(removed) => {
+                    index.remove(host, id, &removed.block_hashes, removed.medium);
+                }
+                KvEvent::AllBlocksCleared => index.clear(host, id, Status::Exact),
+                KvEvent::Reset(reset) => {
+                    let status = if reset.known {
+                        Status::Exact
+                    } else {
+                        Status::Rebuilding {
+                            since_ms: batch.now_ms,
+                            reason: serde_json::to_value(reset.reason)
+                                .ok()
+                                .and_then(|v| v.as_str().map(str::to_owned))
+                                .unwrap_or_default(),
+                        }
+                    };
+                    index.clear(host, id, status);
+                }
+            }
+        }
+    }
+}
+
+impl Producer for KvEventProducer {
+    fn declare(&self) -> Declare {
+        let mut declared = Declare::default()
+            .produces(PREFIX_CACHE_MATCH_INFO, &self.name)
+            .produces(PREFIX_CACHE_SOURCE, &self.name)
+            .requires(TOKENIZED_PROMPT, TOKEN_PRODUCER);
+        if !self.config.fallback_producer_name.is_empty() {
+            declared =
+                declared.optionally(PREFIX_CACHE_MATCH_INFO, &self.config.fallback_producer_name);
+        }
+        declared.kv_events = true;
+        declared
+    }
+
+    fn produce(
+        &self,
+        items: &[ProduceItem<'_>],
+        out: &mut ProduceBatch<'_>,
+    ) -> Result<(), PluginError> {
+        let mut scratch = lock(&self.scratch).pop().unwrap_or_default();
+        for item in items {
+            self.produce_item(item, &mut scratch, out);
+        }
+        lock(&self.scratch).push(scratch);
+        Ok(())
+    }
+
+    fn kv_events(&self, batch: &KvEventBatch) -> Result<(), PluginError> {
+        self.apply(batch);
+        Ok(())
+    }
+
+    fn state(&self) -> Option<serde_json::Value> {
+        let index = self.read();
+        let endpoints: Vec<_> = index
+            .endpoints()
+            .filter(|(_, e)| !e.id.is_empty() || e.engine_keys() > 0)
+            .map(|(host_index, e)| {
+                let status = match &e.status {
+                    Status::Exact => json!("exact"),
+                    Status::Rebuilding { since_ms, reason } => {
+                        json!({"rebuildingSinceMs": since_ms, "reason": reason})
+                    }
+                };
+                json!({
+                    "hostIndex": host_index,
+                    "id": e.id,
+                    "status": status,
+                    "blockSizeTokens": e.block_size,
+                    "blocks": {"gpu": e.blocks[0], "cpu": e.blocks[1], "other": e.blocks[2]},
+                    "engineKeys": e.engine_keys(),
+                    "unknownParents": e.unknown_parents,
+                    "storesWithoutTokens": e.without_tokens,
+                    "unknownRemovals": e.unknown_removals,
+                    "malformed": e.malformed,
+                })
+            })
+            .collect();
+        Some(json!({
+            "endpoints": endpoints,
+            "distinctBlocks": index.distinct_blocks(),
+        }))
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+switchyard_plugin_api::export_plugins!(FACTORY);
+
+#[cfg(test)]
+mod tests;

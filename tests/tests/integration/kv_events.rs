@@ -1,0 +1,608 @@
+//! KV-cache events end to end: `mock-replica`s publish their caches' stores and evictions in
+//! vLLM's wire format over ZMQ, `switchyard serve` subscribes, and the
+//! `kv-event-prefix-cache-producer` library keeps its index from them. Every test reads what
+//! the index holds (`GET /plugins/state`), what the subscription saw (`GET /kv-events`) and,
+//! for routing, how the producer's predictions compared with the replicas' cached tokens
+//! (`GET /predictions`). Waits are bounded and wait for a state, never for a duration.
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use switchyard_tests::live::{
+    binary, eventually, free_port, json, metric_sum, send, start_router, temp_dir, wait_healthy,
+    Process, Router, FAST_REPLICA,
+};
+
+const PRODUCER: &str = "kv-event-prefix-cache-producer";
+/// The replicas' block size (`FAST_REPLICA`).
+const BLOCK: usize = 4;
+/// Tokens of a test prompt: 16 full blocks.
+const PROMPT: usize = 64;
+
+/// A mock replica publishing KV events, and the ports it publishes on.
+struct Publisher {
+    process: Process,
+    kv_port: u16,
+    replay_port: Option<u16>,
+}
+
+/// Starts a fast mock replica publishing KV events in `shape` (`array` or `map`), with a
+/// replay socket when `replay`, a cache of `cache_blocks` blocks, on the given ports (fresh
+/// ones when `None`).
+async fn publisher(
+    name: &str,
+    shape: &str,
+    replay: bool,
+    cache_blocks: usize,
+    ports: Option<(u16, u16, Option<u16>)>,
+) -> Publisher {
+    for _ in 0..50 {
+        let (http, kv_port, replay_port) =
+            ports.unwrap_or_else(|| (free_port(), free_port(), replay.then(free_port)));
+        let mut flags: Vec<String> = FAST_REPLICA.iter().map(|s| s.to_string()).collect();
+        flags.extend([
+            "--cache-blocks".into(),
+            cache_blocks.to_string(),
+            "--kv-events-port".into(),
+            kv_port.to_string(),
+            "--kv-events-format".into(),
+            shape.into(),
+        ]);
+        if let Some(port) = replay_port {
+            flags.extend(["--kv-replay-port".into(), port.to_string()]);
+        }
+        let mut child = Command::new(binary())
+            .args(["mock-replica", "--port", &http.to_string(), "--name", name])
+            .args(&flags)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("mock-replica starts");
+        let addr = SocketAddr::from(([127, 0, 0, 1], http));
+        if wait_healthy(&mut child, addr, "/health").await.is_ok() {
+            return Publisher {
+                process: Process { child, addr },
+                kv_port,
+                replay_port,
+            };
+        }
+        // A port found free was taken meanwhile, or the old process still holds it.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("mock-replica {name} could not start");
+}
+
+/// The pipeline: the approximate producer as fallback, the KV-event producer deciding, each
+/// replica an endpoint with its own publisher.
+fn pipeline(publishers: &[&Publisher], rebuild_ms: u64) -> String {
+    let mut text = format!(
+        r#"
+allow_experimental_plugins = true
+libraries = ["approx_prefix_cache_producer", "kv_event_prefix_cache_producer", "prefix_cache_scorer"]
+
+[fleet]
+scrape_interval_ms = 100
+
+[kv_events]
+reconnect_ms = 100
+replay_timeout_ms = 2000
+idle_reconnect_ms = 300
+
+[[plugins]]
+type = "approx-prefix-cache-producer"
+
+[[plugins]]
+type = "{PRODUCER}"
+[plugins.parameters]
+blockSizeTokens = {BLOCK}
+rebuildMs = {rebuild_ms}
+
+[[plugins]]
+type = "prefix-cache-scorer"
+[plugins.parameters]
+prefixMatchInfoProducerName = "{PRODUCER}"
+
+[[profiles]]
+name = "default"
+scorers = [{{ plugin = "prefix-cache-scorer", weight = 1.0 }}]
+"#
+    );
+    for (i, p) in publishers.iter().enumerate() {
+        text.push_str(&format!(
+            "\n[[endpoints]]\nname = \"r{i}\"\naddress = \"{}\"\nkv_events_endpoint = \"tcp://127.0.0.1:{}\"\n",
+            p.process.addr, p.kv_port
+        ));
+        if let Some(port) = p.replay_port {
+            text.push_str(&format!(
+                "kv_replay_endpoint = \"tcp://127.0.0.1:{port}\"\n"
+            ));
+        }
+    }
+    text
+}
+
+/// Token ids `start..start + n`.
+fn tokens(start: u32, n: usize) -> Vec<u32> {
+    (start..start + n as u32).collect()
+}
+
+/// Sends a completion of `prompt` (token ids) straight to `replica`, bypassing the router.
+async fn direct(replica: SocketAddr, prompt: &[u32]) -> Value {
+    let body = serde_json::json!({"model": "test-model", "prompt": prompt, "max_tokens": 1});
+    let response = send(replica, "POST", "/v1/completions", &[], &body.to_string()).await;
+    assert_eq!(response.status(), 200);
+    json(response).await
+}
+
+/// Sends a completion of `prompt` through the router; returns the replica that answered and
+/// the tokens it had cached.
+async fn routed(router: &Router, prompt: &[u32]) -> (String, u64) {
+    let body = serde_json::json!({"model": "test-model", "prompt": prompt, "max_tokens": 1});
+    let response = send(
+        router.api(),
+        "POST",
+        "/v1/completions",
+        &[],
+        &body.to_string(),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    let replica = switchyard_tests::live::replica_name(&response);
+    let body = json(response).await;
+    let cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .expect("usage with cached tokens");
+    (replica, cached)
+}
+
+async fn kv_stats(router: &Router) -> Vec<Value> {
+    let body = json(send(router.admin, "GET", "/kv-events", &[], "").await).await;
+    body["endpoints"].as_array().cloned().unwrap_or_default()
+}
+
+/// The subscription counters of endpoint `r{i}`.
+async fn stats_of(router: &Router, i: usize) -> Value {
+    let id = format!("/r{i}");
+    kv_stats(router)
+        .await
+        .into_iter()
+        .find(|s| s["endpoint"] == id.as_str())
+        .unwrap_or(Value::Null)
+}
+
+/// What the producer's index holds for endpoint `r{i}`.
+async fn index_of(router: &Router, i: usize) -> Value {
+    let states = json(send(router.admin, "GET", "/plugins/state", &[], "").await).await;
+    let id = format!("/r{i}");
+    states[PRODUCER]["endpoints"]
+        .as_array()
+        .and_then(|all| all.iter().find(|e| e["id"] == id.as_str()).cloned())
+        .unwrap_or(Value::Null)
+}
+
+async fn sequenced(replica: SocketAddr) -> u64 {
+    let page = switchyard_tests::live::metrics_page(replica).await;
+    metric_sum(&page, "mock_kv_event_messages_total") as u64
+}
+
+/// Waits until the router has taken every message replica `r{i}` sequenced.
+async fn caught_up(router: &Router, i: usize, replica: &Publisher) {
+    let target = sequenced(replica.process.addr).await;
+    let reached = eventually(Duration::from_secs(10), || async {
+        let stats = stats_of(router, i).await;
+        target == 0 || stats["applied_seq"].as_u64().map(|s| s + 1) >= Some(target)
+    })
+    .await;
+    assert!(
+        reached,
+        "the router never took message {target} of r{i}: {}",
+        stats_of(router, i).await
+    );
+}
+
+/// Waits until the router is subscribed to replica `r{i}`: publishes empty batches until
+/// one arrives.
+async fn subscribed(router: &Router, i: usize, replica: &Publisher) {
+    let reached = eventually(Duration::from_secs(20), || async {
+        let _ = send(
+            replica.process.addr,
+            "POST",
+            "/mock/kv-events?flood=1",
+            &[],
+            "",
+        )
+        .await;
+        stats_of(router, i).await["messages"].as_u64().unwrap_or(0) > 0
+    })
+    .await;
+    assert!(
+        reached,
+        "never subscribed to r{i}: {}",
+        stats_of(router, i).await
+    );
+    caught_up(router, i, replica).await;
+}
+
+fn gpu_blocks(index: &Value) -> u64 {
+    index["blocks"]["gpu"].as_u64().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stores_reach_the_index_in_both_event_shapes() {
+    let array = publisher("r0", "array", false, 1000, None).await;
+    let map = publisher("r1", "map", false, 1000, None).await;
+    let dir = temp_dir("kv-shapes");
+    let router = start_router(&dir, &pipeline(&[&array, &map], 60_000), "", &[]).await;
+    for (i, p) in [&array, &map].into_iter().enumerate() {
+        subscribed(&router, i, p).await;
+        direct(p.process.addr, &tokens(1000 * i as u32, PROMPT)).await;
+        caught_up(&router, i, p).await;
+        let index = index_of(&router, i).await;
+        assert_eq!(gpu_blocks(&index), (PROMPT / BLOCK) as u64, "r{i}: {index}");
+        assert_eq!(index["status"], "exact", "r{i}: {index}");
+        assert_eq!(index["unknownParents"], 0, "r{i}: {index}");
+    }
+    // A prompt extending the first one: only its new blocks are stored, chained to the old.
+    let longer = tokens(0, PROMPT + 8 * BLOCK);
+    direct(array.process.addr, &longer).await;
+    caught_up(&router, 0, &array).await;
+    assert_eq!(
+        gpu_blocks(&index_of(&router, 0).await),
+        (PROMPT / BLOCK + 8) as u64
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removals_under_eviction_keep_predictions_within_five_percent_of_cached_tokens() {
+    // 24 blocks of cache against prompts of 16: every third prompt evicts.
+    let replicas = [
+        publisher("r0", "array", true, 24, None).await,
+        publisher("r1", "map", true, 24, None).await,
+    ];
+    let dir = temp_dir("kv-accuracy");
+    let router = start_router(
+        &dir,
+        &pipeline(&[&replicas[0], &replicas[1]], 60_000),
+        "",
+        &[],
+    )
+    .await;
+    for (i, r) in replicas.iter().enumerate() {
+        subscribed(&router, i, r).await;
+    }
+    // Six prompts sharing a 4-block prefix, in rounds: the caches keep churning.
+    let prompts: Vec<Vec<u32>> = (0..6u32)
+        .map(|p| {
+            let mut prompt = tokens(0, 4 * BLOCK);
+            prompt.extend(tokens(10_000 + 1000 * p, PROMPT - 4 * BLOCK));
+            prompt
+        })
+        .collect();
+    for round in 0..5 {
+        for (p, prompt) in prompts.iter().enumerate() {
+            let (replica, _) = routed(&router, prompt).await;
+            let i: usize = replica.trim_start_matches('r').parse().expect("r0 or r1");
+            caught_up(&router, i, &replicas[i]).await;
+            let index = index_of(&router, i).await;
+            assert!(
+                gpu_blocks(&index) <= 24,
+                "round {round} prompt {p}: {index}"
+            );
+        }
+    }
+    for i in 0..2 {
+        let index = index_of(&router, i).await;
+        if index.is_null() {
+            // Nothing was routed there.
+            continue;
+        }
+        assert_eq!(index["unknownRemovals"], 0, "{index}");
+        assert_eq!(index["unknownParents"], 0, "{index}");
+    }
+    let predictions = json(send(router.admin, "GET", "/predictions", &[], "").await).await;
+    let (mut cached, mut correct) = (0.0, 0.0);
+    for entry in predictions["predictions"].as_array().expect("a list") {
+        eprintln!(
+            "{} on {}: predicted {}, cached {}, correct {}",
+            entry["producer"],
+            entry["endpoint"],
+            entry["predicted_tokens"],
+            entry["cached_tokens"],
+            entry["correct_tokens"]
+        );
+        if entry["producer"] == PRODUCER {
+            cached += entry["cached_tokens"].as_f64().unwrap_or(0.0);
+            correct += entry["correct_tokens"].as_f64().unwrap_or(0.0);
+        }
+    }
+    assert!(cached > 0.0, "the replicas cached something: {predictions}");
+    let accuracy = correct / cached;
+    eprintln!(
+        "precise predictions under eviction: {correct} of {cached} cached tokens ({accuracy:.3})"
+    );
+    assert!(
+        accuracy >= 0.95,
+        "predicted {correct} of {cached} cached tokens ({accuracy:.3}): {predictions}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_is_filled_through_the_replay_socket() {
+    let replica = publisher("r0", "array", true, 1000, None).await;
+    let dir = temp_dir("kv-replay");
+    let router = start_router(&dir, &pipeline(&[&replica], 60_000), "", &[]).await;
+    subscribed(&router, 0, &replica).await;
+    let withhold = send(
+        replica.process.addr,
+        "POST",
+        "/mock/kv-events?withhold=2",
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(withhold.status(), 200);
+    direct(replica.process.addr, &tokens(0, PROMPT)).await;
+    direct(replica.process.addr, &tokens(5000, PROMPT)).await;
+    direct(replica.process.addr, &tokens(9000, PROMPT)).await;
+    caught_up(&router, 0, &replica).await;
+    // The missing messages came back through the replay socket: when the next message
+    // showed the gap, or when the subscriber reconnected after a quiet spell.
+    let stats = stats_of(&router, 0).await;
+    assert!(stats["replays"].as_u64() >= Some(1), "{stats}");
+    assert_eq!(stats["lost"], 0, "{stats}");
+    let index = index_of(&router, 0).await;
+    assert_eq!(gpu_blocks(&index), 3 * (PROMPT / BLOCK) as u64, "{index}");
+    assert_eq!(index["status"], "exact", "{index}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gap_without_replay_rebuilds_from_live_events_and_drops_orphaned_continuations() {
+    let replica = publisher("r0", "map", false, 1000, None).await;
+    let dir = temp_dir("kv-gap");
+    let router = start_router(&dir, &pipeline(&[&replica], 600_000), "", &[]).await;
+    subscribed(&router, 0, &replica).await;
+    send(
+        replica.process.addr,
+        "POST",
+        "/mock/kv-events?withhold=1",
+        &[],
+        "",
+    )
+    .await;
+    // Its store is lost...
+    direct(replica.process.addr, &tokens(0, PROMPT)).await;
+    // ...so this continuation names a parent the index never saw.
+    direct(replica.process.addr, &tokens(0, PROMPT + 4 * BLOCK)).await;
+    direct(replica.process.addr, &tokens(7000, PROMPT)).await;
+    caught_up(&router, 0, &replica).await;
+    let stats = stats_of(&router, 0).await;
+    assert!(stats["gaps"].as_u64() >= Some(1), "{stats}");
+    assert!(stats["lost"].as_u64() >= Some(1), "{stats}");
+    let index = index_of(&router, 0).await;
+    assert_eq!(index["unknownParents"], 1, "{index}");
+    assert_eq!(gpu_blocks(&index), (PROMPT / BLOCK) as u64, "{index}");
+    assert_eq!(index["status"]["reason"], "gap", "{index}");
+    // The router routes on the estimate meanwhile, and the decision record says so.
+    routed(&router, &tokens(7000, PROMPT)).await;
+    let decisions = json(send(router.admin, "GET", "/decisions?limit=1", &[], "").await).await;
+    let text = decisions.to_string();
+    assert!(
+        text.contains("estimate from approx-prefix-cache-producer: index incomplete (gap)"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publisher_restart_empties_the_endpoint_and_a_new_shape_is_read() {
+    let first = publisher("r0", "array", false, 1000, None).await;
+    let dir = temp_dir("kv-restart");
+    let router = start_router(&dir, &pipeline(&[&first], 600_000), "", &[]).await;
+    subscribed(&router, 0, &first).await;
+    direct(first.process.addr, &tokens(0, PROMPT)).await;
+    caught_up(&router, 0, &first).await;
+    assert_eq!(
+        gpu_blocks(&index_of(&router, 0).await),
+        (PROMPT / BLOCK) as u64
+    );
+
+    let ports = (first.process.addr.port(), first.kv_port, None);
+    drop(first);
+    // The engine comes back on the same ports, publishing maps now, its cache empty: the
+    // subscriber finds it again and sees its sequence start over.
+    let second = publisher("r0", "map", false, 1000, Some(ports)).await;
+    // A connection made from now on reaches the new publisher.
+    let before = stats_of(&router, 0).await["connects"].as_u64().unwrap_or(0);
+    let reconnected = eventually(Duration::from_secs(20), || async {
+        stats_of(&router, 0).await["connects"].as_u64() > Some(before)
+    })
+    .await;
+    assert!(reconnected, "{}", stats_of(&router, 0).await);
+    let restarted = eventually(Duration::from_secs(20), || async {
+        let _ = send(
+            second.process.addr,
+            "POST",
+            "/mock/kv-events?flood=1",
+            &[],
+            "",
+        )
+        .await;
+        stats_of(&router, 0).await["restarts"].as_u64() >= Some(1)
+    })
+    .await;
+    assert!(restarted, "{}", stats_of(&router, 0).await);
+    caught_up(&router, 0, &second).await;
+    let index = index_of(&router, 0).await;
+    assert_eq!(gpu_blocks(&index), 0, "the old blocks are gone: {index}");
+    direct(second.process.addr, &tokens(3000, PROMPT)).await;
+    caught_up(&router, 0, &second).await;
+    let index = index_of(&router, 0).await;
+    assert_eq!(gpu_blocks(&index), (PROMPT / BLOCK) as u64, "{index}");
+    assert_eq!(index["unknownParents"], 0, "{index}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_message_is_counted_and_logged_once_and_the_subscriber_goes_on() {
+    let replica = publisher("r0", "array", false, 1000, None).await;
+    let dir = temp_dir("kv-malformed");
+    let router = start_router(&dir, &pipeline(&[&replica], 60_000), "", &[]).await;
+    subscribed(&router, 0, &replica).await;
+    for _ in 0..2 {
+        let r = send(
+            replica.process.addr,
+            "POST",
+            "/mock/kv-events?malformed",
+            &[],
+            "",
+        )
+        .await;
+        assert_eq!(r.status(), 200);
+    }
+    direct(replica.process.addr, &tokens(0, PROMPT)).await;
+    caught_up(&router, 0, &replica).await;
+    let stats = stats_of(&router, 0).await;
+    assert_eq!(stats["malformed"], 2, "{stats}");
+    assert_eq!(stats["gaps"], 0, "{stats}");
+    assert_eq!(
+        gpu_blocks(&index_of(&router, 0).await),
+        (PROMPT / BLOCK) as u64
+    );
+    let log = std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
+    assert_eq!(log.matches("could not be read").count(), 1, "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_that_outruns_the_subscriber_leaves_it_consistent() {
+    let replica = publisher("r0", "array", true, 1000, None).await;
+    let dir = temp_dir("kv-flood");
+    let router = start_router(&dir, &pipeline(&[&replica], 60_000), "", &[]).await;
+    subscribed(&router, 0, &replica).await;
+    let r = send(
+        replica.process.addr,
+        "POST",
+        "/mock/kv-events?flood=20000",
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    direct(replica.process.addr, &tokens(0, PROMPT)).await;
+    caught_up(&router, 0, &replica).await;
+    let indexed = eventually(Duration::from_secs(10), || async {
+        gpu_blocks(&index_of(&router, 0).await) == (PROMPT / BLOCK) as u64
+    })
+    .await;
+    let stats = stats_of(&router, 0).await;
+    assert!(indexed, "{} {stats}", index_of(&router, 0).await);
+    // Whatever the publisher dropped for the slow subscriber was replayed or reset.
+    assert!(stats["messages"].as_u64() >= Some(1), "{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_reset_empties_every_producers_prefix_state() {
+    let replica = publisher("r0", "array", false, 1000, None).await;
+    let dir = temp_dir("kv-reset");
+    let router = start_router(&dir, &pipeline(&[&replica], 60_000), "", &[]).await;
+    subscribed(&router, 0, &replica).await;
+    let prompt = tokens(0, PROMPT);
+    routed(&router, &prompt).await;
+    caught_up(&router, 0, &replica).await;
+    assert_eq!(
+        gpu_blocks(&index_of(&router, 0).await),
+        (PROMPT / BLOCK) as u64
+    );
+
+    let unknown = send(
+        router.admin,
+        "POST",
+        "/prefix-reset?endpoint=%2Fnone",
+        &[],
+        "",
+    )
+    .await;
+    assert_eq!(unknown.status(), 404);
+    let reset = json(
+        send(
+            router.admin,
+            "POST",
+            "/prefix-reset?endpoint=%2Fr0",
+            &[],
+            "",
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(reset["reset"], serde_json::json!(["/r0"]), "{reset}");
+    let plugins = reset["plugins"].to_string();
+    assert!(
+        plugins.contains(PRODUCER) && plugins.contains("approx-prefix-cache-producer"),
+        "{reset}"
+    );
+    let index = index_of(&router, 0).await;
+    assert_eq!(gpu_blocks(&index), 0, "{index}");
+    assert_eq!(index["status"], "exact", "{index}");
+    let states = json(send(router.admin, "GET", "/plugins/state", &[], "").await).await;
+    assert_eq!(
+        states["approx-prefix-cache-producer"]["distinctBlocks"], 0,
+        "{states}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_prompt_is_routed_on_the_estimate_and_the_record_says_so() {
+    let replica = publisher("r0", "array", false, 1000, None).await;
+    let dir = temp_dir("kv-text");
+    let router = start_router(&dir, &pipeline(&[&replica], 60_000), "", &[]).await;
+    let body = serde_json::json!({"model": "test-model", "prompt": "a prompt sent as text", "max_tokens": 1});
+    let response = send(
+        router.api(),
+        "POST",
+        "/v1/completions",
+        &[],
+        &body.to_string(),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    let decisions = json(send(router.admin, "GET", "/decisions?limit=1", &[], "").await).await;
+    let text = decisions.to_string();
+    assert!(
+        text.contains("estimate from approx-prefix-cache-producer: a text prompt"),
+        "{text}"
+    );
+    // Token ids the client sent are matched on the index, with no note.
+    routed(&router, &tokens(0, PROMPT)).await;
+    let decisions = json(send(router.admin, "GET", "/decisions?limit=1", &[], "").await).await;
+    assert!(
+        !decisions.to_string().contains("a text prompt"),
+        "{decisions}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_replaces_the_producer_marks_its_new_index_incomplete() {
+    let replica = publisher("r0", "array", false, 1000, None).await;
+    let dir = temp_dir("kv-reload");
+    let router = start_router(&dir, &pipeline(&[&replica], 60_000), "", &[]).await;
+    subscribed(&router, 0, &replica).await;
+    direct(replica.process.addr, &tokens(0, PROMPT)).await;
+    caught_up(&router, 0, &replica).await;
+    assert_eq!(index_of(&router, 0).await["status"], "exact");
+
+    // Other parameters: a new instance, which saw none of the events so far.
+    let path = dir.join("serve.toml");
+    let config = std::fs::read_to_string(&path).expect("config");
+    std::fs::write(
+        &path,
+        config.replace("rebuildMs = 60000", "rebuildMs = 50000"),
+    )
+    .unwrap();
+    let reloaded = json(send(router.admin, "POST", "/reload", &[], "").await).await;
+    assert_eq!(reloaded["result"], "applied", "{reloaded}");
+    direct(replica.process.addr, &tokens(5000, PROMPT)).await;
+    caught_up(&router, 0, &replica).await;
+    let index = index_of(&router, 0).await;
+    assert_eq!(index["status"]["reason"], "new-instance", "{index}");
+    assert_eq!(gpu_blocks(&index), (PROMPT / BLOCK) as u64, "{index}");
+}
