@@ -142,6 +142,33 @@ impl BurstPlan {
             .is_some_and(|at| at.saturating_add(self.memory_ms) >= now_ms)
     }
 
+    /// Whether the plan remembers the group `key`.
+    pub fn knows(&self, key: GroupKey) -> bool {
+        self.trails.contains_key(&key)
+    }
+
+    /// Remembers a request placed on its own on `replica`, outside any burst, as the first
+    /// member of the group `key`: if more of the group follow, the plan continues from there.
+    pub fn remember_alone(&mut self, now_ms: u64, key: GroupKey, weight: f64, replica: &str) {
+        self.sweep(now_ms);
+        let arrival = self.arrivals;
+        self.trails.entry(key).or_insert_with(|| Trail {
+            first_ms: now_ms,
+            last_ms: now_ms,
+            first_arrival: arrival,
+            last_arrival: arrival,
+            seen: 1,
+            weight,
+            shares: vec![Share {
+                replica: replica.into(),
+                part: 1.0,
+                sent: 1,
+            }],
+        });
+        self.newest_from = self.newest_from.max(arrival);
+        self.arrivals += 1;
+    }
+
     /// Places the window's groups over `replicas`; returns, per group, the replica position of
     /// each of its members.
     pub fn place(

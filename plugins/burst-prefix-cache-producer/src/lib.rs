@@ -207,19 +207,35 @@ impl Producer for BurstProducer {
         out: &mut ProduceBatch<'_>,
     ) -> Result<(), PluginError> {
         let fair_share = self.config.assignment() == Assignment::FairShare;
-        // A request alone in its window still continues a burst the plan remembers; otherwise
-        // it has no one to be placed with, and is placed without hashing its prompt.
-        let planning = |item: &ProduceItem<'_>| {
-            self.plan
-                .as_ref()
-                .is_some_and(|plan| lock(plan).burst_may_be_on(item.request.now_ms))
-        };
+        // A request alone in its window continues a burst the plan remembers, or the group of
+        // a request the plan saw alone; otherwise it has no one to be placed with and is placed
+        // on its own — and, with the plan, remembered: it may be the first sample of a burst
+        // whose client lagged, and the next window then knows where its prompt went.
         if let [item] = items {
-            if fair_share && !planning(item) {
+            if fair_share {
+                let now_ms = item.request.now_ms;
                 let count = self.block_count_of(item);
-                let target = self.place_alone(item, count);
-                put_matches(item, count, target, self.config.block_size(), out);
-                return Ok(());
+                let key = self
+                    .plan
+                    .as_ref()
+                    .and_then(|_| self.group_key_of(item, count));
+                let planning = self.plan.as_ref().is_some_and(|plan| {
+                    let plan = lock(plan);
+                    plan.burst_may_be_on(now_ms) || key.is_some_and(|key| plan.knows(key))
+                });
+                if !planning {
+                    let target = self.place_alone(item, count);
+                    let endpoint = target
+                        .and_then(|host| item.endpoints.iter().find(|e| e.host_index == host));
+                    if let (Some(plan), Some(key), Some(endpoint)) =
+                        (self.plan.as_ref(), key, endpoint)
+                    {
+                        let weight = self.weight_of(count);
+                        lock(plan).remember_alone(now_ms, key, weight, &endpoint.id);
+                    }
+                    put_matches(item, count, target, self.config.block_size(), out);
+                    return Ok(());
+                }
             }
         }
         let block_size = self.config.block_size();
@@ -372,6 +388,36 @@ impl BurstProducer {
             .sum()
     }
 
+    /// The group key of a request of `count` blocks, as a window's groups are keyed (with
+    /// `minColocateBlocks`, by its leading blocks); `None` without blocks.
+    fn group_key_of(&self, item: &ProduceItem<'_>, count: usize) -> Option<GroupKey> {
+        if count == 0 {
+            return None;
+        }
+        let (block_size, max_blocks) = (self.config.block_size(), self.config.max_blocks());
+        let mut hashes = Vec::with_capacity(count);
+        let seed = prompt_seed(&item.request.model, &item.request.cache_salt);
+        for prompt in item.request.prompts.iter() {
+            hash_prompt_into(seed, &prompt.tokens, block_size, max_blocks, &mut hashes);
+        }
+        let colocate = self.config.colocate_blocks();
+        let prefix = if colocate > 0 {
+            &hashes[..hashes.len().min(colocate)]
+        } else {
+            &hashes[..]
+        };
+        GroupKey::of(prefix)
+    }
+
+    /// What one member of `count` blocks weighs in the plan's balance.
+    fn weight_of(&self, count: usize) -> f64 {
+        if self.config.balance() == config::BalanceBy::Tokens {
+            count as f64
+        } else {
+            1.0
+        }
+    }
+
     /// Fair share of a batch of one request (`count` blocks), as the batch path places it:
     /// with no other request to group with, its hashes cannot change the placement, so they
     /// are not computed. Returns the chosen endpoint's host index.
@@ -404,7 +450,6 @@ impl BurstProducer {
         replicas: &[Replica<'_>],
     ) -> Vec<Option<usize>> {
         let colocate = self.config.colocate_blocks();
-        let by_tokens = self.config.balance() == config::BalanceBy::Tokens;
         let mut index: HashMap<GroupKey, usize> = HashMap::new();
         let mut keys: Vec<GroupKey> = Vec::new();
         let mut members: Vec<Vec<usize>> = Vec::new();
@@ -438,11 +483,7 @@ impl BurstProducer {
             .map(|((&key, positions), cached_on)| WindowGroup {
                 key,
                 positions,
-                weight: if by_tokens {
-                    counts[positions[0]] as f64
-                } else {
-                    1.0
-                },
+                weight: self.weight_of(counts[positions[0]]),
                 cached_on,
             })
             .collect();

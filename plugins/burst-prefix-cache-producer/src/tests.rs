@@ -596,6 +596,27 @@ fn in_flight_counts_add_to_the_reported_load() {
 }
 
 #[test]
+fn the_next_sample_of_a_prompt_placed_alone_follows_it() {
+    // A client that lagged at its start: the first sample of a burst comes alone, then the
+    // next one, also alone, after the replicas' loads changed. The plan remembered where the
+    // first went, and the second follows it rather than the least loaded replica.
+    let producer = instance(r#"{"blockSizeTokens": 4, "assignment": "fairShare"}"#);
+    let at = |now_ms: u64, running: &[u32]| -> Vec<Request> {
+        vec![Request {
+            request: base("").tokens(&[1, 2, 3, 4, 5, 6, 7, 8]).now_ms(now_ms),
+            candidates: pods(&PODS, running),
+        }]
+    };
+    let first = at(0, &[0, 3, 3, 3]);
+    assert_eq!(assigned(&first, &produce(&producer, &first)), ["/pod1"]);
+    let second = at(3, &[1, 0, 3, 3]);
+    assert_eq!(assigned(&second, &produce(&producer, &second)), ["/pod1"]);
+    // A fresh instance places the same request by load.
+    let fresh = instance(r#"{"blockSizeTokens": 4, "assignment": "fairShare"}"#);
+    assert_eq!(assigned(&second, &produce(&fresh, &second)), ["/pod2"]);
+}
+
+#[test]
 fn a_batch_of_one_is_placed_where_the_fair_share_line_puts_it() {
     let mut next = numbers(0x9e37_79b9_7f4a_7c15);
     for parameters in [
@@ -603,9 +624,10 @@ fn a_batch_of_one_is_placed_where_the_fair_share_line_puts_it() {
         r#"{"blockSizeTokens": 4, "assignment": "fairShare", "balanceBy": "tokens"}"#,
         r#"{"blockSizeTokens": 2, "assignment": "fairShare", "minColocateBlocks": 2}"#,
     ] {
-        let producer = instance(parameters);
         let config = BurstConfig::parse(parameters).expect("valid parameters");
         for _ in 0..200 {
+            // A fresh instance: one that saw the prompt alone before continues its group.
+            let producer = instance(parameters);
             let tokens: Vec<u32> = (0..next(14) as u32).collect();
             let candidates = &PODS[..1 + next(4) as usize];
             let running: Vec<u32> = candidates.iter().map(|_| next(4) as u32).collect();
