@@ -8,6 +8,7 @@
 pub mod config;
 pub mod index;
 
+use std::fmt::Write as _;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use serde::Deserialize;
@@ -352,7 +353,7 @@ impl Producer for ApproxProducer {
             .map(|(host_index, id, capacity, blocks)| {
                 let mut hex = String::with_capacity(blocks.len() * 16);
                 for block in blocks {
-                    hex.push_str(&format!("{block:016x}"));
+                    let _ = write!(hex, "{block:016x}");
                 }
                 json!({"hostIndex": host_index, "id": id, "capacity": capacity, "blocks": hex})
             })

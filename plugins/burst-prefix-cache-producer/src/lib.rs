@@ -211,14 +211,20 @@ impl Producer for BurstProducer {
         // a request the plan saw alone; otherwise it has no one to be placed with and is placed
         // on its own — and, with the plan, remembered: it may be the first sample of a burst
         // whose client lagged, and the next window then knows where its prompt went.
+        // The hashes of a lone request hashed to be looked up in the plan, for the batch path
+        // to reuse when the plan places it.
+        let mut lone_hashes: Option<Vec<u64>> = None;
         if let [item] = items {
             if fair_share {
                 let now_ms = item.request.now_ms;
                 let count = self.block_count_of(item);
-                let key = self
-                    .plan
-                    .as_ref()
-                    .and_then(|_| self.group_key_of(item, count));
+                let key = if self.plan.is_some() && count > 0 {
+                    let hashes = lone_hashes.insert(Vec::with_capacity(count));
+                    self.hash_item_into(item, hashes);
+                    self.group_key(hashes, count)
+                } else {
+                    None
+                };
                 let planning = self.plan.as_ref().is_some_and(|plan| {
                     let plan = lock(plan);
                     plan.burst_may_be_on(now_ms) || key.is_some_and(|key| plan.knows(key))
@@ -287,9 +293,9 @@ impl Producer for BurstProducer {
                     hashes.extend_from_within(range.clone());
                 } else {
                     let start = hashes.len();
-                    let seed = prompt_seed(&item.request.model, &item.request.cache_salt);
-                    for prompt in item.request.prompts.iter() {
-                        hash_prompt_into(seed, &prompt.tokens, block_size, max_blocks, &mut hashes);
+                    match lone_hashes.take() {
+                        Some(already) => hashes.extend_from_slice(&already),
+                        None => self.hash_item_into(item, &mut hashes),
                     }
                     hashed.push((i, start..hashes.len()));
                 }
@@ -388,25 +394,25 @@ impl BurstProducer {
             .sum()
     }
 
-    /// The group key of a request of `count` blocks, as a window's groups are keyed (with
-    /// `minColocateBlocks`, by its leading blocks); `None` without blocks.
-    fn group_key_of(&self, item: &ProduceItem<'_>, count: usize) -> Option<GroupKey> {
-        if count == 0 {
-            return None;
-        }
+    /// Appends the block hashes of every prompt of `item`, one prompt after the other.
+    fn hash_item_into(&self, item: &ProduceItem<'_>, out: &mut Vec<u64>) {
         let (block_size, max_blocks) = (self.config.block_size(), self.config.max_blocks());
-        let mut hashes = Vec::with_capacity(count);
         let seed = prompt_seed(&item.request.model, &item.request.cache_salt);
         for prompt in item.request.prompts.iter() {
-            hash_prompt_into(seed, &prompt.tokens, block_size, max_blocks, &mut hashes);
+            hash_prompt_into(seed, &prompt.tokens, block_size, max_blocks, out);
         }
+    }
+
+    /// The group of a request with `hashes` (`count` blocks): its whole hash list, or with
+    /// `minColocateBlocks` its leading blocks; `None` without blocks.
+    fn group_key(&self, hashes: &[u64], count: usize) -> Option<GroupKey> {
         let colocate = self.config.colocate_blocks();
         let prefix = if colocate > 0 {
             &hashes[..hashes.len().min(colocate)]
         } else {
-            &hashes[..]
+            hashes
         };
-        GroupKey::of(prefix)
+        GroupKey::of(prefix).filter(|_| count > 0)
     }
 
     /// What one member of `count` blocks weighs in the plan's balance.
@@ -449,17 +455,11 @@ impl BurstProducer {
         spread_over: &[EndpointView<'_>],
         replicas: &[Replica<'_>],
     ) -> Vec<Option<usize>> {
-        let colocate = self.config.colocate_blocks();
         let mut index: HashMap<GroupKey, usize> = HashMap::new();
         let mut keys: Vec<GroupKey> = Vec::new();
         let mut members: Vec<Vec<usize>> = Vec::new();
         for (i, (entry, &count)) in entries.iter().zip(counts).enumerate() {
-            let prefix = if colocate > 0 {
-                &entry[..entry.len().min(colocate)]
-            } else {
-                entry
-            };
-            let Some(key) = GroupKey::of(prefix).filter(|_| count > 0) else {
+            let Some(key) = self.group_key(entry, count) else {
                 continue;
             };
             let g = *index.entry(key).or_insert_with(|| {

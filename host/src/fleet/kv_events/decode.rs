@@ -77,17 +77,6 @@ fn read_events(reader: &mut Reader<'_>) -> Result<Vec<KvEvent>, String> {
 
 /// The field at `position` of a tagged array, by the name the map shape gives it.
 fn field_at(tag: &str, position: usize) -> &'static str {
-    const STORED: [&str; 9] = [
-        "type",
-        "block_hashes",
-        "parent_block_hash",
-        "token_ids",
-        "block_size",
-        "lora_id",
-        "medium",
-        "lora_name",
-        "extra_keys",
-    ];
     const REMOVED: [&str; 3] = ["type", "block_hashes", "medium"];
     let names: &[&str] = match tag {
         "BlockStored" => &STORED,
@@ -238,8 +227,9 @@ impl Fields {
     }
 }
 
-/// The fields read; any other key is skipped.
-const KNOWN: [&str; 8] = [
+/// A store's fields in the order of the tagged-array shape, after its tag.
+const STORED: [&str; 9] = [
+    "type",
     "block_hashes",
     "parent_block_hash",
     "token_ids",
@@ -249,6 +239,9 @@ const KNOWN: [&str; 8] = [
     "lora_name",
     "extra_keys",
 ];
+
+/// The fields read (a store's; a removal's are among them); any other key is skipped.
+const KNOWN: &[&str] = STORED.split_at(1).1;
 
 /// A block hash: a 64-bit integer, or a digest's bytes folded to their last 8 read
 /// big-endian (as vLLM's integer hashes are).

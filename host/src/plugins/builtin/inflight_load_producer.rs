@@ -227,13 +227,7 @@ impl Producer for InFlightLoadProducer {
                 open.insert(request.id.as_str().to_owned(), vec![charge]);
             }
         }
-        let index = charge.host_index as usize;
-        if loads.len() <= index {
-            loads.resize(index + 1, InFlightLoad::default());
-        }
-        let load = &mut loads[index];
-        load.requests = load.requests.saturating_add(1);
-        load.tokens = load.tokens.saturating_add(charge.tokens);
+        add_load(loads, charge);
     }
 
     fn completed(&self, request: &RequestView<'_>, endpoint: &EndpointView<'_>, _: Outcome) {
@@ -287,14 +281,8 @@ impl Producer for InFlightLoadProducer {
                 .into_iter()
                 .map(|(host_index, tokens)| Charge { host_index, tokens })
                 .collect();
-            for charge in &charges {
-                let index = charge.host_index as usize;
-                if ledger.loads.len() <= index {
-                    ledger.loads.resize(index + 1, InFlightLoad::default());
-                }
-                let load = &mut ledger.loads[index];
-                load.requests = load.requests.saturating_add(1);
-                load.tokens = load.tokens.saturating_add(charge.tokens);
+            for &charge in &charges {
+                add_load(&mut ledger.loads, charge);
             }
             ledger.open.insert(open.request, charges);
         }
@@ -320,6 +308,17 @@ impl Producer for InFlightLoadProducer {
             "endpoints": endpoints,
         }))
     }
+}
+
+/// Adds one charge to the live counts of its endpoint, growing them on demand.
+fn add_load(loads: &mut Vec<InFlightLoad>, charge: Charge) {
+    let index = charge.host_index as usize;
+    if loads.len() <= index {
+        loads.resize(index + 1, InFlightLoad::default());
+    }
+    let load = &mut loads[index];
+    load.requests = load.requests.saturating_add(1);
+    load.tokens = load.tokens.saturating_add(charge.tokens);
 }
 
 /// The open charges [`Producer::export_state`] writes.
