@@ -19,6 +19,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::Connected;
 
 use crate::live::connection::ConnectionSlots;
+use crate::live::listen::Accepting;
 use crate::live::metrics::Metrics;
 
 /// A served connection; dropping it frees its place under the cap.
@@ -89,13 +90,17 @@ impl Drop for Admitted {
 /// every one of them up before it drains.
 pub fn admit(
     listener: TcpListener,
+    accepting: Accepting,
     cap: usize,
     idle_timeout: Duration,
     metrics: Metrics,
     stop: watch::Receiver<bool>,
 ) -> ReceiverStream<io::Result<Admitted>> {
     let (sender, receiver) = mpsc::channel(1);
-    tokio::spawn(accept(listener, cap, idle_timeout, metrics, sender, stop));
+    tokio::spawn(async move {
+        let _accepting = accepting;
+        accept(listener, cap, idle_timeout, metrics, sender, stop).await;
+    });
     ReceiverStream::new(receiver)
 }
 

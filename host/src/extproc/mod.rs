@@ -24,7 +24,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
 };
 use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 use tonic::{Request, Response, Status, Streaming};
 use tonic_health::ServingStatus;
@@ -34,7 +34,7 @@ use crate::fleet::{FleetState, LiveFleet};
 use crate::live::admin::{spawn_operator_routes, Observed, OperatorListeners};
 use crate::live::ids::{id_prefix, RequestIds};
 use crate::live::lifecycle::{Lifecycle, LiveSetup, Stop};
-use crate::live::listen::local;
+use crate::live::listen::{incoming_until, local, AcceptLoops};
 use crate::live::metrics::Metrics;
 use crate::live::reload::Reloader;
 use crate::live::LiveScheduler;
@@ -228,9 +228,11 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
     ];
     offered.extend(admin_listener.as_ref().map(|l| ("admin", l)));
     lifecycle.offer(&offered)?;
+    let loops = AcceptLoops::new();
     let grpc_task = tokio::spawn(grpc.add_service(service).serve_with_incoming_shutdown(
         connections::admit(
             grpc_listener,
+            loops.token(),
             args.grpc_max_connections,
             args.grpc_idle_timeout,
             picker.metrics.clone(),
@@ -243,7 +245,7 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
         Server::builder()
             .add_service(health_service)
             .serve_with_incoming_shutdown(
-                TcpListenerStream::new(health_listener),
+                incoming_until(health_listener, observers_stopped.clone(), loops.token()),
                 until(observers_stopped.clone()),
             ),
     );
@@ -253,6 +255,7 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
             metrics: metrics_listener,
             admin: admin_listener,
         },
+        &loops,
         draining.clone(),
         observers_stopped.clone(),
         drain,
@@ -262,14 +265,13 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
     lifecycle.serving().await;
 
     let reason = lifecycle.until_stopped().await?;
-    tracing::info!(
-        "{reason}: draining (up to {} ms for open streams)",
-        drain.as_millis()
-    );
     if let Stop::HandedOver(_) = reason {
         // The successor serves and answers health checks on the same sockets: this process
-        // stays healthy to whoever still holds a connection to it, and accepts no more.
+        // stays healthy to whoever still holds a connection to it, and accepts no more. It
+        // says it handed over once it accepts nothing.
         let _ = stop_observers.send(true);
+        let _ = stop.send(true);
+        loops.stopped().await;
     } else {
         draining.store(true, Ordering::Relaxed);
         for name in HEALTH_SERVICES.iter().chain(&[""]) {
@@ -277,8 +279,12 @@ pub async fn run(config: LoadedConfig, args: ExtProcArgs) -> Result<(), String> 
                 .set_service_status(*name, ServingStatus::NotServing)
                 .await;
         }
+        let _ = stop.send(true);
     }
-    let _ = stop.send(true);
+    tracing::info!(
+        "{reason}: draining (up to {} ms for open streams)",
+        drain.as_millis()
+    );
     if tokio::time::timeout(drain, grpc_task).await.is_err() {
         let (_, in_flight) = picker.live.in_flight();
         tracing::warn!("drain deadline reached with {in_flight} requests in flight; cut");

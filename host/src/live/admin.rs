@@ -19,7 +19,7 @@ use tokio::sync::watch;
 
 use crate::fleet::FleetState;
 use crate::live::connection::Guard;
-use crate::live::listen::accept;
+use crate::live::listen::{accept, AcceptLoops};
 use crate::live::metrics::Metrics;
 use crate::live::metrics::RequestOutcome;
 use crate::live::reload::{libraries_json, Reloaded, Reloader};
@@ -48,6 +48,7 @@ pub(crate) struct OperatorListeners {
 pub(crate) fn spawn_operator_routes<O: Observed>(
     observed: Arc<O>,
     listeners: OperatorListeners,
+    loops: &AcceptLoops,
     draining: Arc<AtomicBool>,
     stopped: watch::Receiver<bool>,
     drain: Duration,
@@ -58,6 +59,7 @@ pub(crate) fn spawn_operator_routes<O: Observed>(
         let observed = observed.clone();
         tasks.push(tokio::spawn(accept(
             listeners.metrics,
+            loops.token(),
             stopped.clone(),
             drain,
             guard.clone(),
@@ -68,6 +70,7 @@ pub(crate) fn spawn_operator_routes<O: Observed>(
     if let Some(listener) = listeners.admin {
         tasks.push(tokio::spawn(accept(
             listener,
+            loops.token(),
             stopped,
             drain,
             guard,

@@ -2,7 +2,9 @@
 //! binding, and the HTTP/1.1 accept loop that serves each connection behind the connection
 //! guard and, once stopped, drains: requests under way are answered, and a connection accepted
 //! before the stop whose first request has not arrived yet gets a moment to send it (so a
-//! client is not reset just because its connection was accepted at the stop).
+//! client is not reset just because its connection was accepted at the stop). Each accept loop
+//! holds an [`Accepting`] token until it stops accepting, so a driver handing its sockets over
+//! knows when its successor alone takes new connections.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -18,8 +20,9 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
 
 use super::connection::{self, Guard, GuardedIo, Progress, Tracked};
 use super::response::BoxError;
@@ -33,6 +36,67 @@ pub(crate) fn address(key: &str, text: &str, port: Option<u16>) -> Result<Socket
         addr.set_port(port);
     }
     Ok(addr)
+}
+
+/// Held by an accept loop while it may still accept; released when it stops.
+pub(crate) struct Accepting {
+    _held: mpsc::Sender<()>,
+}
+
+/// The accept loops of one process: each holds a token from [`AcceptLoops::token`].
+pub(crate) struct AcceptLoops {
+    token: mpsc::Sender<()>,
+    released: mpsc::Receiver<()>,
+}
+
+impl AcceptLoops {
+    pub fn new() -> AcceptLoops {
+        let (token, released) = mpsc::channel(1);
+        AcceptLoops { token, released }
+    }
+
+    pub fn token(&self) -> Accepting {
+        Accepting {
+            _held: self.token.clone(),
+        }
+    }
+
+    /// Waits for every accept loop to stop accepting (they stop within a scheduling round of
+    /// their stop signal); warns if one has not after a second.
+    pub async fn stopped(self) {
+        let AcceptLoops {
+            token,
+            mut released,
+        } = self;
+        drop(token);
+        let within = Duration::from_secs(1);
+        if tokio::time::timeout(within, released.recv()).await.is_err() {
+            tracing::warn!("a listener still accepts {within:?} after its stop");
+        }
+    }
+}
+
+/// The connections `listener` accepts until `stop` turns true; then the stream ends.
+pub(crate) fn incoming_until(
+    listener: TcpListener,
+    mut stop: watch::Receiver<bool>,
+    accepting: Accepting,
+) -> ReceiverStream<std::io::Result<TcpStream>> {
+    let (sender, receiver) = mpsc::channel(1);
+    tokio::spawn(async move {
+        let _accepting = accepting;
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted.map(|(stream, _)| stream),
+                _ = stop.wait_for(|stop| *stop) => return,
+                () = sender.closed() => return,
+            };
+            if sender.send(accepted).await.is_err() {
+                return;
+            }
+        }
+    });
+    ReceiverStream::new(receiver)
 }
 
 /// How long a connection accepted before the stop may take to begin its first request.
@@ -55,6 +119,7 @@ pub(crate) fn local(listener: &TcpListener) -> String {
 /// connections are open; further clients wait in the kernel's backlog until one closes.
 pub(crate) async fn accept<H, F, B>(
     listener: TcpListener,
+    accepting: Accepting,
     mut stop: watch::Receiver<bool>,
     drain: Duration,
     guard: Arc<Guard>,
@@ -120,6 +185,7 @@ pub(crate) async fn accept<H, F, B>(
         }
     }
     drop(listener);
+    drop(accepting);
     drop(open_connections);
     if tokio::time::timeout(drain, all_closed.recv())
         .await

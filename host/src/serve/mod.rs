@@ -24,7 +24,7 @@ use crate::live::connection::{self, Guard};
 use crate::live::ids::{id_prefix, RequestIds};
 use crate::live::journal::Journal;
 use crate::live::lifecycle::{Lifecycle, LiveSetup, Stop};
-use crate::live::listen::{accept, address, local};
+use crate::live::listen::{accept, address, local, AcceptLoops};
 use crate::live::metrics::Metrics;
 use crate::pipeline::Options;
 use api::Router;
@@ -121,10 +121,12 @@ pub async fn run(
         "switchyard serve is listening"
     );
 
+    let loops = AcceptLoops::new();
     let api = {
         let router = router.clone();
         tokio::spawn(accept(
             api_listener,
+            loops.token(),
             stopped.clone(),
             drain,
             api_guard,
@@ -138,6 +140,7 @@ pub async fn run(
             metrics: metrics_listener,
             admin: admin_listener,
         },
+        &loops,
         draining.clone(),
         observers_stopped,
         drain,
@@ -147,18 +150,20 @@ pub async fn run(
     lifecycle.serving().await;
 
     let reason = lifecycle.until_stopped().await?;
+    if let Stop::HandedOver(_) = reason {
+        // The successor answers probes on the same sockets, and this process accepts no more
+        // there: the service stays ready. It says it handed over once it accepts nothing.
+        let _ = stop_observers.send(true);
+        let _ = stop.send(true);
+        loops.stopped().await;
+    } else {
+        draining.store(true, Ordering::Relaxed);
+        let _ = stop.send(true);
+    }
     tracing::info!(
         "{reason}: draining (up to {} ms for requests in flight)",
         drain.as_millis()
     );
-    if let Stop::HandedOver(_) = reason {
-        // The successor answers probes on the same sockets, and this process accepts no more
-        // there: the service stays ready.
-        let _ = stop_observers.send(true);
-    } else {
-        draining.store(true, Ordering::Relaxed);
-    }
-    let _ = stop.send(true);
     // Requests still unanswered shortly before the deadline get a 503 while their
     // connections are still open.
     let cutter = tokio::spawn(async move {
