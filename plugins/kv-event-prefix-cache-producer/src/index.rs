@@ -69,6 +69,8 @@ struct EngineBlock {
 pub struct EndpointIndex {
     pub id: String,
     pub block_size: u32,
+    /// Whether `block_size` is the engine's (an event told it) rather than the default.
+    sized_by_events: bool,
     pub status: Status,
     engine: KeyMap<EngineBlock>,
     /// Per request key, how many engine blocks hold it, per tier.
@@ -86,6 +88,7 @@ impl EndpointIndex {
         EndpointIndex {
             id: String::new(),
             block_size,
+            sized_by_events: false,
             status: Status::Exact,
             engine: KeyMap::default(),
             ours: KeyMap::default(),
@@ -99,6 +102,35 @@ impl EndpointIndex {
 
     pub fn engine_keys(&self) -> usize {
         self.engine.len()
+    }
+
+    /// The block size an event told, if one did.
+    pub fn told_block_size(&self) -> Option<u32> {
+        self.sized_by_events.then_some(self.block_size)
+    }
+
+    /// Every engine block: its engine hash, its request key and its stores not yet removed
+    /// per tier, ordered by engine hash.
+    pub fn engine_blocks(&self) -> Vec<(u64, u64, [u32; TIERS])> {
+        let mut blocks: Vec<_> = self
+            .engine
+            .iter()
+            .map(|(&engine, block)| (engine, block.ours, block.stored))
+            .collect();
+        blocks.sort_unstable_by_key(|&(engine, _, _)| engine);
+        blocks
+    }
+
+    /// Whether nothing ever happened to this endpoint: a slot below a higher host index.
+    pub fn is_untouched(&self) -> bool {
+        self.id.is_empty()
+            && self.engine.is_empty()
+            && !self.sized_by_events
+            && self.status == Status::Exact
+            && self.unknown_parents == 0
+            && self.without_tokens == 0
+            && self.unknown_removals == 0
+            && self.malformed == 0
     }
 }
 
@@ -232,9 +264,7 @@ impl KvIndex {
         let block_size = stored.block_size;
         let lora = lora_name(stored);
         if let Some(name) = &lora {
-            if !self.loras.contains(name.as_str()) {
-                self.loras.insert(name.clone());
-            }
+            self.add_lora(name);
         }
         let endpoint = self.endpoint_mut(host_index, id);
         if block_size == 0 || count == 0 {
@@ -242,6 +272,7 @@ impl KvIndex {
             return 0;
         }
         endpoint.block_size = block_size;
+        endpoint.sized_by_events = true;
         let parent = match stored.parent_block_hash {
             None => None,
             Some(parent) => match endpoint.engine.get(&parent) {
@@ -398,6 +429,62 @@ impl KvIndex {
 
     pub fn set_status(&mut self, host_index: usize, id: &str, status: Status) {
         self.endpoint_mut(host_index, id).status = status;
+    }
+
+    /// The LoRA adapter names seen in events.
+    pub fn loras(&self) -> impl Iterator<Item = &str> {
+        self.loras.iter().map(String::as_str)
+    }
+
+    pub fn add_lora(&mut self, name: &str) {
+        if !self.loras.contains(name) {
+            self.loras.insert(name.to_owned());
+        }
+    }
+
+    /// The endpoint `id` at `host_index`, holding nothing yet, with the block size an event
+    /// told (`None` keeps the default), for a restore to fill in.
+    pub fn restore_endpoint(
+        &mut self,
+        host_index: usize,
+        id: &str,
+        told_block_size: Option<u32>,
+    ) -> &mut EndpointIndex {
+        let endpoint = self.endpoint_mut(host_index, id);
+        if let Some(size) = told_block_size {
+            endpoint.block_size = size;
+            endpoint.sized_by_events = true;
+        }
+        endpoint
+    }
+
+    /// Makes the restored endpoint at `host_index` hold the engine block `engine_hash` under
+    /// the request key `ours`, with `stored` stores not yet removed per tier. An engine hash
+    /// is restored at most once per endpoint.
+    pub fn restore_block(
+        &mut self,
+        host_index: usize,
+        engine_hash: u64,
+        ours: u64,
+        stored: [u32; TIERS],
+    ) {
+        let endpoint = &mut self.endpoints[host_index];
+        let previous = endpoint
+            .engine
+            .insert(engine_hash, EngineBlock { ours, stored });
+        debug_assert!(previous.is_none(), "engine block restored twice");
+        for (tier, &n) in stored.iter().enumerate() {
+            if n == 0 {
+                continue;
+            }
+            let endpoint = &mut self.endpoints[host_index];
+            let held = endpoint.ours.entry(ours).or_insert([0; TIERS]);
+            held[tier] += 1;
+            if held[tier] == 1 {
+                endpoint.blocks[tier] += 1;
+                self.set_bit(ours, host_index, tier, true);
+            }
+        }
     }
 
     /// Adds to `matched[host_index]` the leading blocks of `hashes` (one prompt's chain) each

@@ -5,6 +5,7 @@
 //! This module is the plugin itself: its factory, the producer that matches requests against
 //! the [`index::KvIndex`], and the event handler that keeps the index.
 
+mod carry;
 pub mod config;
 pub mod index;
 
@@ -335,6 +336,19 @@ impl Producer for KvEventProducer {
 
     fn kv_events(&self, batch: &KvEventBatch) -> Result<(), PluginError> {
         self.apply(batch);
+        Ok(())
+    }
+
+    /// The whole index, for a successor to take over on a reload (see [`carry`]).
+    fn export_state(&self) -> Option<serde_json::Value> {
+        Some(carry::export(&self.read()))
+    }
+
+    /// Takes over an index [`Producer::export_state`] wrote, when its entries were keyed as
+    /// this instance keys them; a refused one leaves this instance's index as it was.
+    fn import_state(&self, state: serde_json::Value) -> Result<(), PluginError> {
+        let restored = carry::import(state, self.config.block_size())?;
+        *self.write() = restored;
         Ok(())
     }
 

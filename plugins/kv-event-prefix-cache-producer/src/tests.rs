@@ -1,3 +1,4 @@
+use serde_json::Value;
 use switchyard_plugin_api::keys::{APPROX_PREFIX_CACHE_PRODUCER, PREFIX_CACHE_MATCH_INFO};
 use switchyard_plugin_api::kv::{
     KvEvent, KvEventBatch, Medium, RemovedBlocks, Reset, ResetReason, StoredBlocks,
@@ -313,4 +314,294 @@ fn a_text_prompt_takes_the_estimate_and_says_why() {
     assert!(text.contains("a text prompt"), "{text}");
     // Token ids the client sent are matched exactly.
     assert_eq!(matched(&h, &prompt(2)), [2, 0, 0]);
+}
+
+/// Host indices the takeover tests ask about: past 64 too, so the holder sets are two words.
+const TAKEOVER_HOSTS: [u32; 6] = [0, 1, 2, 3, 4, 70];
+
+/// Everything `harness` answers for `request` on [`TAKEOVER_HOSTS`], with an estimate
+/// standing by: match info and notes per endpoint.
+fn answers(harness: &Harness, request: &TestRequest) -> Vec<(AttrValue, AttrValue)> {
+    let endpoints: Vec<_> = TAKEOVER_HOSTS
+        .iter()
+        .map(|&i| TestEndpoint::new(&format!("e{i}")).host_index(i))
+        .collect();
+    let estimate = Attributes::new().set(
+        DataKey::new(PREFIX_CACHE_MATCH_INFO, APPROX_PREFIX_CACHE_PRODUCER),
+        vec![Attributes::prefix_match(7, 8, 64); endpoints.len()],
+    );
+    let produced = harness
+        .produce(request, &endpoints, &estimate)
+        .expect("produces");
+    let infos = produced.get(PREFIX_CACHE_MATCH_INFO).expect("declared");
+    let notes = produced.get(super::PREFIX_CACHE_SOURCE).expect("declared");
+    infos.iter().cloned().zip(notes.iter().cloned()).collect()
+}
+
+/// An index with every kind of entry: chains on several endpoints, a salted chain, an
+/// adapter's chain, a block offloaded to CPU, a block stored twice, an endpoint rebuilding
+/// after a gap, one that only heard of a gap, and dropped events counted.
+fn varied_index(h: &Harness) {
+    send(h, 0, 0, vec![stored(&[1, 2, 3], None, tokens(0, 3))]);
+    send(h, 0, 0, vec![stored(&[9], Some(999), tokens(40, 1))]);
+    let salted = KvEvent::BlockStored(StoredBlocks {
+        block_hashes: vec![11, 12],
+        token_ids: tokens(0, 2),
+        block_size: BLOCK,
+        extra_keys: vec![Some(vec!["tenant-a".into()]), None],
+        ..StoredBlocks::default()
+    });
+    let adapter = KvEvent::BlockStored(StoredBlocks {
+        block_hashes: vec![13, 14],
+        token_ids: tokens(0, 2),
+        block_size: BLOCK,
+        lora_id: Some(1),
+        lora_name: Some("sql-adapter".into()),
+        extra_keys: vec![Some(vec!["sql-adapter".into()]), None],
+        ..StoredBlocks::default()
+    });
+    send(h, 1, 0, vec![salted, adapter]);
+    let offload = KvEvent::BlockStored(StoredBlocks {
+        block_hashes: vec![21, 22],
+        block_size: BLOCK,
+        medium: Medium::Cpu,
+        ..StoredBlocks::default()
+    });
+    send(
+        h,
+        2,
+        0,
+        vec![
+            stored(&[21, 22], None, tokens(0, 2)),
+            stored(&[21], None, tokens(0, 1)),
+            offload,
+            KvEvent::BlockRemoved(RemovedBlocks {
+                block_hashes: vec![22, 404],
+                medium: Medium::Gpu,
+            }),
+        ],
+    );
+    let gap = || {
+        KvEvent::Reset(Reset {
+            reason: ResetReason::Gap,
+            known: false,
+        })
+    };
+    send(h, 3, 1_000, vec![gap()]);
+    send(h, 4, 1_000, vec![gap(), stored(&[31], None, tokens(0, 1))]);
+    send(
+        h,
+        70,
+        0,
+        vec![stored(&[41, 42, 43, 44], None, tokens(0, 4))],
+    );
+}
+
+/// Requests that tell the entries apart: plain, salted, under the adapter, diverging, and
+/// one explained while endpoints 3 and 4 are still rebuilding.
+fn takeover_requests() -> Vec<TestRequest> {
+    vec![
+        prompt(4).now_ms(100_000),
+        prompt(2).cache_salt("tenant-a").now_ms(100_000),
+        prompt(2).cache_salt("tenant-b").now_ms(100_000),
+        TestRequest::new("sql-adapter")
+            .tokens(&tokens(0, 2))
+            .now_ms(100_000),
+        TestRequest::new("base-model")
+            .tokens(&tokens(100, 3))
+            .now_ms(100_000),
+        prompt(3).now_ms(1_500).explain(true),
+    ]
+}
+
+#[test]
+fn a_successor_with_other_parameters_takes_the_whole_index_over() {
+    let h = harness(r#"{"rebuildMs": 10000}"#);
+    varied_index(&h);
+    let exported = h.export_state().expect("exports").expect("an index");
+    assert_eq!(exported["format"], 1);
+    assert_eq!(exported["loras"], serde_json::json!(["sql-adapter"]));
+    let ep2 = &exported["endpoints"][2];
+    assert_eq!(ep2["hostIndex"], 2, "{exported}");
+    // Blocks 21 and 22 offloaded, 22 evicted from GPU, 21 stored twice there: one record per
+    // block and tier, 32 hex digits each, and the second store of 21 as a repeat.
+    assert_eq!(ep2["blocks"]["gpu"].as_str().unwrap().len(), 32, "{ep2}");
+    assert_eq!(ep2["blocks"]["cpu"].as_str().unwrap().len(), 64, "{ep2}");
+    assert_eq!(
+        ep2["repeats"],
+        serde_json::json!([{"tier": "gpu", "engineHash": format!("{:016x}", 21), "stores": 2}])
+    );
+    // An endpoint that only heard of a gap keeps no block size of its own.
+    assert_eq!(exported["endpoints"][3]["blockSizeTokens"], Value::Null);
+
+    // Another default block size, rebuild window and match limit: none keys entries.
+    let successor =
+        harness(r#"{"blockSizeTokens": 8, "rebuildMs": 20000, "maxPrefixBlocksToMatch": 64}"#);
+    successor.import_state(&exported).expect("takes it over");
+    for request in takeover_requests() {
+        let (before, after) = (answers(&h, &request), answers(&successor, &request));
+        for position in [0, 1, 2, 4, 5] {
+            assert_eq!(after[position], before[position], "position {position}");
+        }
+        // Endpoint 3 was sized by the default, which the successor changed; while it
+        // rebuilds, both answer with the estimate.
+        if after[3].1.is_absent() {
+            let sized = after[3].0.prefix_cache_match().expect("written");
+            assert_eq!(sized.block_size_tokens, 8);
+        } else {
+            assert_eq!(after[3], before[3]);
+        }
+    }
+    let explained = answers(&successor, &takeover_requests()[5]);
+    let AttrValue::Custom(note) = &explained[4].1 else {
+        panic!("endpoint 4 still rebuilds: {:?}", explained[4]);
+    };
+    assert!(String::from_utf8_lossy(note).contains("gap"));
+    assert_eq!(
+        matched(&successor, &prompt(4).now_ms(100_000)),
+        [3, 0, 1],
+        "a non-empty index"
+    );
+
+    let (mut before, after) = (
+        h.state().unwrap().unwrap(),
+        successor.state().unwrap().unwrap(),
+    );
+    before["endpoints"][3]["blockSizeTokens"] = 8.into();
+    assert_eq!(after, before);
+    assert_eq!(successor.export_state().unwrap(), Some(exported));
+}
+
+#[test]
+fn removals_and_continuations_by_engine_hash_resolve_after_a_takeover() {
+    let h = harness("null");
+    varied_index(&h);
+    let successor = harness(r#"{"includeCpuTier": true}"#);
+    successor
+        .import_state(&h.export_state().unwrap().unwrap())
+        .expect("takes it over");
+    // Block 21 was stored twice on GPU: it is held until removed twice.
+    let remove = |hashes: &[u64], medium| {
+        KvEvent::BlockRemoved(RemovedBlocks {
+            block_hashes: hashes.to_vec(),
+            medium,
+        })
+    };
+    let state_of = |h: &Harness, i: usize| h.state().unwrap().unwrap()["endpoints"][i].clone();
+    assert_eq!(state_of(&successor, 2)["blocks"]["gpu"], 1);
+    assert_eq!(state_of(&successor, 2)["blocks"]["cpu"], 2);
+    send(&successor, 2, 0, vec![remove(&[21], Medium::Gpu)]);
+    assert_eq!(state_of(&successor, 2)["blocks"]["gpu"], 1);
+    send(&successor, 2, 0, vec![remove(&[21], Medium::Gpu)]);
+    assert_eq!(state_of(&successor, 2)["blocks"]["gpu"], 0);
+    // The CPU copies still count with includeCpuTier.
+    assert_eq!(matched(&successor, &prompt(2)), [2, 0, 2]);
+    send(&successor, 2, 0, vec![remove(&[21, 22], Medium::Cpu)]);
+    assert_eq!(state_of(&successor, 2)["engineKeys"], 0);
+    assert_eq!(state_of(&successor, 2)["unknownRemovals"], 1, "none new");
+
+    // A removal in the middle of endpoint 0's chain cuts it there...
+    send(&successor, 0, 0, vec![remove(&[2], Medium::Gpu)]);
+    assert_eq!(matched(&successor, &prompt(3))[0], 1);
+    // ...and a store naming a carried block as its parent fills the gap again, under a new
+    // engine hash.
+    send(&successor, 0, 0, vec![stored(&[5], Some(1), tokens(4, 1))]);
+    assert_eq!(matched(&successor, &prompt(3))[0], 3);
+    let ep0 = state_of(&successor, 0);
+    assert_eq!(
+        ep0["unknownParents"], 1,
+        "only the one counted before: {ep0}"
+    );
+    assert_eq!(ep0["unknownRemovals"], 0, "{ep0}");
+    // The adapter's blocks on endpoint 1 are removed by their engine hashes too.
+    send(&successor, 1, 0, vec![remove(&[13, 14], Medium::Gpu)]);
+    let lora = TestRequest::new("sql-adapter").tokens(&tokens(0, 2));
+    assert_eq!(matched(&successor, &lora), [0, 0, 0]);
+    assert_eq!(state_of(&successor, 1)["blocks"]["gpu"], 2);
+}
+
+#[test]
+fn an_index_keyed_otherwise_is_refused_naming_what_differs() {
+    let h = harness("null");
+    varied_index(&h);
+    let exported = h.export_state().unwrap().unwrap();
+    let ours = exported["keyProbe"].as_str().unwrap().to_owned();
+    assert_eq!(ours.len(), 16);
+
+    let successor = harness("null");
+    let mut other_hashing = exported.clone();
+    other_hashing["keyProbe"] = "0123456789abcdef".into();
+    let refused = successor.import_state(&other_hashing).unwrap_err();
+    assert!(
+        refused.message.contains("keyProbe = 0123456789abcdef")
+            && refused.message.contains(&format!("keyProbe = {ours}")),
+        "{refused}"
+    );
+    let mut other_layout = exported.clone();
+    other_layout["format"] = 2.into();
+    let refused = successor.import_state(&other_layout).unwrap_err();
+    assert!(
+        refused.message.contains("format = 2") && refused.message.contains("format = 1"),
+        "{refused}"
+    );
+    assert_eq!(
+        matched(&successor, &prompt(4)),
+        [0, 0, 0],
+        "nothing taken over"
+    );
+    assert_eq!(
+        successor.state().unwrap().unwrap()["endpoints"],
+        serde_json::json!([])
+    );
+}
+
+#[test]
+fn a_garbled_index_is_refused_and_the_instance_keeps_working() {
+    let h = harness("null");
+    send(&h, 0, 0, vec![stored(&[1, 2], None, tokens(0, 2))]);
+    let exported = h.export_state().unwrap().unwrap();
+    let gpu = exported["endpoints"][0]["blocks"]["gpu"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let with = |edit: &dyn Fn(&mut Value)| {
+        let mut value = exported.clone();
+        edit(&mut value);
+        value
+    };
+    let record = |engine: u64, ours: &str| format!("{engine:016x}{ours}");
+    let garbled = [
+        serde_json::json!("an index"),
+        with(&|v| {
+            v.as_object_mut().unwrap().remove("endpoints");
+        }),
+        with(&|v| v["endpoints"][0]["blocks"]["gpu"] = "12z4".into()),
+        with(&|v| v["endpoints"][0]["blocks"]["gpu"] = format!("+{}", &gpu[1..]).into()),
+        with(&|v| v["endpoints"][0]["blocks"]["gpu"] = "é".repeat(16).into()),
+        // Engine block 1 under two request keys.
+        with(&|v| {
+            v["endpoints"][0]["blocks"]["cpu"] = record(1, &"f".repeat(16)).into();
+        }),
+        with(&|v| {
+            v["endpoints"][0]["repeats"] = serde_json::json!([{"tier": "cpu", "engineHash": format!("{:016x}", 1), "stores": 2}]);
+        }),
+        with(&|v| v["endpoints"][0]["status"] = "fine".into()),
+        with(&|v| {
+            let copy = v["endpoints"][0].clone();
+            v["endpoints"].as_array_mut().unwrap().push(copy);
+        }),
+    ];
+    let successor = harness("null");
+    send(&successor, 1, 0, vec![stored(&[7], None, tokens(0, 1))]);
+    for value in &garbled {
+        let refused = successor.import_state(value).expect_err("garbled");
+        assert!(
+            refused.message.contains("not an exported KV-event index"),
+            "{value}: {refused}"
+        );
+        // What the instance held stays, and it goes on taking events.
+        assert_eq!(matched(&successor, &prompt(2)), [0, 1, 0], "{value}");
+    }
+    send(&successor, 2, 0, vec![stored(&[8, 9], None, tokens(0, 2))]);
+    assert_eq!(matched(&successor, &prompt(2)), [0, 1, 2]);
 }
