@@ -585,8 +585,100 @@ async fn a_text_prompt_is_routed_on_the_estimate_and_the_record_says_so() {
     );
 }
 
+/// Sends a completion of `prompt` through the router as request `id`; returns what the
+/// producer's decision record says for `/r0`: its match info, and its note on where the
+/// value came from, if any.
+async fn predicted(router: &Router, id: &str, prompt: &[u32]) -> (Value, Option<String>) {
+    let body = serde_json::json!({"model": "test-model", "prompt": prompt, "max_tokens": 1});
+    let response = send(
+        router.api(),
+        "POST",
+        "/v1/completions",
+        &[("x-request-id", id)],
+        &body.to_string(),
+    )
+    .await;
+    assert_eq!(response.status(), 200);
+    let decisions = json(send(router.admin, "GET", "/decisions?limit=10", &[], "").await).await;
+    let record = decisions
+        .as_array()
+        .and_then(|all| all.iter().find(|r| r["id"] == id))
+        .unwrap_or_else(|| panic!("no record of {id}: {decisions}"));
+    let producer = record["decision"]["producers"]
+        .as_array()
+        .and_then(|all| all.iter().find(|p| p["name"] == PRODUCER))
+        .unwrap_or_else(|| panic!("no {PRODUCER} in {record}"));
+    let written = |key: &str| {
+        producer["attributes"]
+            .as_array()
+            .and_then(|all| {
+                all.iter()
+                    .find(|a| a["endpoint"] == "/r0" && a["key"] == format!("{key}/{PRODUCER}"))
+            })
+            .map(|a| a["value"].clone())
+    };
+    let info =
+        written("PrefixCacheMatchInfo").unwrap_or_else(|| panic!("no match info in {record}"));
+    let note = written("PrefixCacheSource").and_then(|v| v["text"].as_str().map(str::to_owned));
+    (info, note)
+}
+
+async fn producer_state(router: &Router) -> Value {
+    let states = json(send(router.admin, "GET", "/plugins/state", &[], "").await).await;
+    states[PRODUCER].clone()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reload_that_replaces_the_producer_marks_its_new_index_incomplete() {
+async fn a_reload_that_changes_the_producers_parameters_keeps_its_index_and_predictions() {
+    let replica = publisher("r0", "array", false, 1000, None).await;
+    let dir = temp_dir("kv-reload-carry");
+    let router = start_router(&dir, &pipeline(&[&replica], 60_000), "", &[]).await;
+    subscribed(&router, 0, &replica).await;
+    let prompt = tokens(0, PROMPT);
+    direct(replica.process.addr, &prompt).await;
+    direct(replica.process.addr, &tokens(5000, PROMPT)).await;
+    caught_up(&router, 0, &replica).await;
+    let (before_match, note) = predicted(&router, "before-reload", &prompt).await;
+    let full = (PROMPT / BLOCK) as u64;
+    assert_eq!(before_match["matchBlocks"], full, "{before_match}");
+    assert_eq!(note, None);
+    // Whatever the routed request made the replica publish is in before the reload.
+    caught_up(&router, 0, &replica).await;
+    let before = producer_state(&router).await;
+    assert_eq!(
+        before["endpoints"][0]["blocks"]["gpu"],
+        2 * full,
+        "{before}"
+    );
+    let messages = stats_of(&router, 0).await["messages"].clone();
+
+    // Another default block size and rebuild window: a new instance, which takes the index
+    // over. The endpoint keeps the block size its events told.
+    let path = dir.join("serve.toml");
+    let config = std::fs::read_to_string(&path).expect("config");
+    let changed = config
+        .replace("blockSizeTokens = 4", "blockSizeTokens = 16")
+        .replace("rebuildMs = 60000", "rebuildMs = 50000");
+    assert_ne!(changed, config);
+    std::fs::write(&path, changed).unwrap();
+    let reloaded = json(send(router.admin, "POST", "/reload", &[], "").await).await;
+    assert_eq!(reloaded["result"], "applied", "{reloaded}");
+    let carried = reloaded["carried"].as_array().cloned().unwrap_or_default();
+    assert!(carried.iter().any(|c| c == PRODUCER), "{reloaded}");
+    assert_eq!(reloaded["fresh"], serde_json::json!({}), "{reloaded}");
+
+    // No event in between: the successor holds what its predecessor held, still exact.
+    let after = producer_state(&router).await;
+    assert_eq!(stats_of(&router, 0).await["messages"], messages);
+    assert_eq!(after, before);
+    assert_eq!(after["endpoints"][0]["status"], "exact", "{after}");
+    let (after_match, note) = predicted(&router, "after-reload", &prompt).await;
+    assert_eq!(after_match, before_match);
+    assert_eq!(note, None, "the exact index answered, not the estimate");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_adds_a_producer_marks_its_new_index_incomplete() {
     let replica = publisher("r0", "array", false, 1000, None).await;
     let dir = temp_dir("kv-reload");
     let router = start_router(&dir, &pipeline(&[&replica], 60_000), "", &[]).await;
@@ -595,19 +687,30 @@ async fn a_reload_that_replaces_the_producer_marks_its_new_index_incomplete() {
     caught_up(&router, 0, &replica).await;
     assert_eq!(index_of(&router, 0).await["status"], "exact");
 
-    // Other parameters: a new instance, which saw none of the events so far.
+    // A second instance under a new name: it saw none of the events so far.
     let path = dir.join("serve.toml");
     let config = std::fs::read_to_string(&path).expect("config");
-    std::fs::write(
-        &path,
-        config.replace("rebuildMs = 60000", "rebuildMs = 50000"),
-    )
-    .unwrap();
+    let scorer = "[[plugins]]\ntype = \"prefix-cache-scorer\"";
+    assert!(config.contains(scorer));
+    let late = format!(
+        "[[plugins]]\nname = \"late\"\ntype = \"{PRODUCER}\"\n\
+         [plugins.parameters]\nblockSizeTokens = {BLOCK}\n\n{scorer}"
+    );
+    std::fs::write(&path, config.replace(scorer, &late)).unwrap();
     let reloaded = json(send(router.admin, "POST", "/reload", &[], "").await).await;
     assert_eq!(reloaded["result"], "applied", "{reloaded}");
+    assert!(
+        reloaded["created"].to_string().contains("late"),
+        "{reloaded}"
+    );
     direct(replica.process.addr, &tokens(5000, PROMPT)).await;
     caught_up(&router, 0, &replica).await;
-    let index = index_of(&router, 0).await;
-    assert_eq!(index["status"]["reason"], "new-instance", "{index}");
-    assert_eq!(gpu_blocks(&index), (PROMPT / BLOCK) as u64, "{index}");
+    let states = json(send(router.admin, "GET", "/plugins/state", &[], "").await).await;
+    let index = &states[format!("late ({PRODUCER})").as_str()]["endpoints"][0];
+    assert_eq!(index["status"]["reason"], "new-instance", "{states}");
+    assert_eq!(gpu_blocks(index), (PROMPT / BLOCK) as u64, "{states}");
+    // The instance that was there keeps its exact index.
+    let kept = index_of(&router, 0).await;
+    assert_eq!(kept["status"], "exact", "{kept}");
+    assert_eq!(gpu_blocks(&kept), 2 * (PROMPT / BLOCK) as u64, "{kept}");
 }
