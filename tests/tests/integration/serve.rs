@@ -3,7 +3,7 @@
 //! against `simulate`), errors, decisions equal to `replay`'s for the same
 //! arrivals, and random bodies.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -298,8 +298,8 @@ async fn a_burst_sent_prompt_by_prompt_through_serve_matches_simulate() {
 /// One RL step: 32 prompts of 1,024 tokens × 8 samples over 4 replicas, each request sent at
 /// a fixed offset within 150 ms (a client that spreads its burst), in a random order or, with
 /// `prompt_by_prompt`, every sample of a prompt before the next prompt's; through the shipped
-/// serving pipeline, then the same arrivals through `simulate` on the fixed-rate model that
-/// mock-replica runs. 32 prompts, so that 10% of the prefills is more than one group split by
+/// serving pipeline, then the arrivals the router saw through `simulate` on the fixed-rate
+/// model that mock-replica runs. 32 prompts, so that 10% of the prefills is more than one group split by
 /// a live router's timing (the CI runs it beside other tests).
 async fn spread_burst_through_serve_and_simulate(prompt_by_prompt: bool) {
     const PROMPTS: usize = 32;
@@ -344,28 +344,24 @@ async fn spread_burst_through_serve_and_simulate(prompt_by_prompt: bool) {
         }
     }
 
-    let trace: String = arrivals
-        .iter()
-        .map(|&(at, p)| {
-            serde_json::json!({"arrival_ms": at, "prompt": prompts[p], "output_tokens": OUTPUT_TOKENS,
-                "model": "mock-model", "group": p, "step": 0})
-            .to_string()
-                + "\n"
-        })
-        .collect();
-    let trace_path = dir.join("burst.jsonl");
-    std::fs::write(&trace_path, trace).expect("trace written");
-
     let api = router.api();
     let start = tokio::time::Instant::now();
     let mut tasks = Vec::new();
-    for &(at, p) in &arrivals {
+    for (k, &(at, p)) in arrivals.iter().enumerate() {
         let body = serde_json::json!({"model": "mock-model", "prompt": prompts[p],
             "max_tokens": OUTPUT_TOKENS})
         .to_string();
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep_until(start + Duration::from_millis(at)).await;
-            let response = send(api, "POST", "/v1/completions", &[], &body).await;
+            let id = format!("burst-{k}");
+            let response = send(
+                api,
+                "POST",
+                "/v1/completions",
+                &[("x-request-id", &id)],
+                &body,
+            )
+            .await;
             assert_eq!(response.status(), 200);
             let replica = header(&response, "x-mock-replica").to_string();
             let cached = json(response).await["usage"]["prompt_tokens_details"]["cached_tokens"]
@@ -396,6 +392,41 @@ async fn spread_burst_through_serve_and_simulate(prompt_by_prompt: bool) {
         .map(|(p, _)| format!("prompt {p}: {}", requests_of[p].join(", ")))
         .collect();
     assert_router_idle(&router, "after the burst").await;
+
+    // `simulate` gets the arrivals the router saw: on a loaded machine the client's requests
+    // leave late and unevenly, and the question is whether the router places what reached it
+    // as `simulate` does, not what the client meant to send.
+    let records = json(send(router.admin, "GET", "/decisions?limit=4096", &[], "").await).await;
+    let arrived: HashMap<&str, f64> = records
+        .as_array()
+        .expect("records")
+        .iter()
+        .filter_map(|r| Some((r["id"].as_str()?, r["arrival_ms"].as_f64()?)))
+        .collect();
+    let mut seen: Vec<(f64, usize)> = arrivals
+        .iter()
+        .enumerate()
+        .map(|(k, &(_, p))| {
+            let at = arrived
+                .get(format!("burst-{k}").as_str())
+                .unwrap_or_else(|| panic!("no decision record of burst-{k}"));
+            (*at, p)
+        })
+        .collect();
+    seen.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let first = seen[0].0;
+    let trace: String = seen
+        .iter()
+        .map(|&(at, p)| {
+            serde_json::json!({"arrival_ms": ((at - first) * 10.0).round() / 10.0,
+                "prompt": prompts[p], "output_tokens": OUTPUT_TOKENS,
+                "model": "mock-model", "group": p, "step": 0})
+            .to_string()
+                + "\n"
+        })
+        .collect();
+    let trace_path = dir.join("burst.jsonl");
+    std::fs::write(&trace_path, trace).expect("trace written");
 
     let config_path = dir.join("pipeline.toml");
     std::fs::write(&config_path, &pipeline).expect("pipeline written");
