@@ -12,9 +12,10 @@
 //! [`InFlight`] guard, whichever way it ends. Endpoints that refuse connections are left out
 //! of new decisions for [`EJECTION`].
 //!
-//! Decision records are kept in a ring of their own, behind a second lock: the scheduler's
-//! lock covers only the decision's trace, and the handler files its record after the decision
-//! reached it.
+//! Decision records are filed in a ring as decisions are delivered, under the lock the
+//! decision already holds. Once the ring is full, the record it pushes out is written over
+//! for the new one and its trace goes back to the scheduler's pool: a record then costs no
+//! lock and no allocation of its own.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -461,20 +462,43 @@ impl LiveScheduler {
         inner.records.iter().skip(skip).cloned().collect()
     }
 
-    /// Keeps `record` in the ring; the record it pushes out gives its trace back to the pool
-    /// unless a reader still holds it.
-    fn file(&self, inner: &mut Inner, record: ReplayOutput) -> Arc<ReplayOutput> {
-        let record = Arc::new(record);
-        if inner.records.len() >= self.keep_records {
-            if let Some(trace) = inner
-                .records
-                .pop_front()
-                .and_then(|evicted| Arc::try_unwrap(evicted).ok())
-                .and_then(|evicted| evicted.decision)
-            {
-                self.traces.give_back(trace);
+    /// Keeps a record of `decision` in the ring. The record it pushes out, unless a reader
+    /// still holds it, is written over in place and its trace goes back to the pool, so a
+    /// record costs no allocation once the ring is full.
+    fn file(
+        &self,
+        inner: &mut Inner,
+        decision: &mut Decision,
+        error: Option<String>,
+    ) -> Arc<ReplayOutput> {
+        let mut evicted = if inner.records.len() >= self.keep_records {
+            inner.records.pop_front()
+        } else {
+            None
+        };
+        let trace = decision.record.take();
+        let record = match evicted.as_mut().and_then(Arc::get_mut) {
+            Some(reused) => {
+                reused.id.clear();
+                reused.id.push_str(&decision.request_id);
+                reused.arrival_ms = decision.arrival_ms;
+                reused.decided_ms = decision.decided_ms;
+                copy_ids(&mut reused.endpoints, &decision.endpoints);
+                reused.error = error;
+                if let Some(old) = std::mem::replace(&mut reused.decision, trace) {
+                    self.traces.give_back(old);
+                }
+                evicted.expect("written over above")
             }
-        }
+            None => Arc::new(ReplayOutput {
+                id: decision.request_id.clone(),
+                arrival_ms: decision.arrival_ms,
+                decided_ms: decision.decided_ms,
+                endpoints: decision.endpoints.clone(),
+                error,
+                decision: trace,
+            }),
+        };
         inner.records.push_back(record.clone());
         record
     }
@@ -519,13 +543,9 @@ impl LiveScheduler {
 
     /// Hands each decision to the request waiting for it, charging placed ones.
     fn deliver(&self, inner: &mut Inner, decisions: Vec<Decision>, cost: Duration) {
-        for decision in decisions {
+        for mut decision in decisions {
             let now = self.clock.now_ms();
-            let rejection = match &decision.result {
-                Err(rejection) if self.keep_records > 0 => Some(rejection.clone()),
-                _ => None,
-            };
-            let mut result = match decision.result {
+            let mut result = match &decision.result {
                 Ok(_) => {
                     let id = decision.endpoints.first().cloned().unwrap_or_default();
                     let address = inner.addresses.get(&id).cloned().unwrap_or_default();
@@ -541,7 +561,7 @@ impl LiveScheduler {
                         fallbacks,
                     })
                 }
-                Err(rejection) => Err(rejection),
+                Err(rejection) => Err(rejection.clone()),
             };
             if let Ok(placed) = &result {
                 let count = inner
@@ -568,15 +588,8 @@ impl LiveScheduler {
                 inner.live_ids.remove(&decision.request_id);
             }
             let record = (self.keep_records > 0).then(|| {
-                let record = ReplayOutput {
-                    id: decision.request_id.clone(),
-                    arrival_ms: decision.arrival_ms,
-                    decided_ms: decision.decided_ms,
-                    endpoints: decision.endpoints,
-                    error: rejection.map(|r| r.to_string()),
-                    decision: decision.record,
-                };
-                self.file(inner, record)
+                let error = decision.result.as_ref().err().map(Rejection::to_string);
+                self.file(inner, &mut decision, error)
             });
             let delivery = Delivery {
                 request_id: decision.request_id,
@@ -729,4 +742,15 @@ impl Drop for PendingPlacement<'_> {
             self.live.abandon(self.request_id, &mut receiver);
         }
     }
+}
+
+/// Makes `to` a copy of `from`, reusing the strings `to` already holds.
+fn copy_ids(to: &mut Vec<String>, from: &[String]) {
+    to.truncate(from.len());
+    for (kept, id) in to.iter_mut().zip(from) {
+        kept.clear();
+        kept.push_str(id);
+    }
+    let kept = to.len();
+    to.extend(from[kept..].iter().cloned());
 }
