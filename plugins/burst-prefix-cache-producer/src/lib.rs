@@ -462,11 +462,30 @@ impl BurstProducer {
             let Some(key) = self.group_key(entry, count) else {
                 continue;
             };
-            let g = *index.entry(key).or_insert_with(|| {
-                keys.push(key);
-                members.push(Vec::new());
-                keys.len() - 1
-            });
+            let g = match index.get(&key) {
+                Some(&g) => g,
+                None => {
+                    // A prompt the plan has not met that shares most of its blocks with one
+                    // met earlier in this window (one system prompt, different questions)
+                    // goes with it: both are still uncached, and apart they would be
+                    // prefilled twice.
+                    let relative = (!plan.knows(key))
+                        .then(|| {
+                            members
+                                .iter()
+                                .take(MAX_RELATIVE_CHECKS)
+                                .position(|earlier| mostly_shared(entries[earlier[0]], entry))
+                        })
+                        .flatten();
+                    let g = relative.unwrap_or_else(|| {
+                        keys.push(key);
+                        members.push(Vec::new());
+                        keys.len() - 1
+                    });
+                    index.insert(key, g);
+                    g
+                }
+            };
             members[g].push(i);
         }
         let cached_on: Vec<Vec<usize>> = members
@@ -524,6 +543,23 @@ impl BurstProducer {
             })
             .collect()
     }
+}
+
+/// How many of a window's groups a new prompt is compared with when looking for one it shares
+/// most of its blocks with; a window of more distinct prompts places the rest on their own.
+const MAX_RELATIVE_CHECKS: usize = 64;
+
+/// The share of the shorter hash list two prompts must have in common, from their first block,
+/// to be placed together in a window.
+const RELATIVE_SHARE: f64 = 0.8;
+
+/// Whether two hash lists agree on at least [`RELATIVE_SHARE`] of the shorter one's blocks,
+/// counted from the first. Block hashes are chained, so the last of those blocks agreeing
+/// means all before it do.
+fn mostly_shared(a: &[u64], b: &[u64]) -> bool {
+    let shorter = a.len().min(b.len());
+    let needed = (shorter as f64 * RELATIVE_SHARE).ceil() as usize;
+    needed > 0 && a[0] == b[0] && a[needed - 1] == b[needed - 1]
 }
 
 /// Writes `item`'s match info for every candidate: a full match of its `count` blocks on the

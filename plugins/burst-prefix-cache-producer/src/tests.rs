@@ -748,3 +748,49 @@ fn a_group_that_outgrows_its_share_gets_a_second_home_and_the_fleet_stays_balanc
     assert!(running.iter().all(|&n| n.abs_diff(16) <= 2), "{running:?}");
     assert_eq!(homes.len(), 4);
 }
+
+#[test]
+fn new_prompts_sharing_most_blocks_in_one_window_land_together() {
+    // Four system prompts of 8 blocks, each asked two different one-block questions, all in
+    // one window before any is cached: the second question of a system prompt goes where the
+    // first went, and each system prompt gets a pod of its own.
+    let system = |s: u32| -> Vec<u32> { (0..32).map(|t| 1000 * s + t).collect() };
+    let asked = |s: u32, q: u32| -> Vec<u32> {
+        let mut tokens = system(s);
+        tokens.extend([7000 + 10 * s + q; 4]);
+        tokens
+    };
+    let producer = instance(r#"{"blockSizeTokens": 4, "assignment": "fairShare"}"#);
+    let window: Vec<Request> = (1..=4u32)
+        .flat_map(|s| [(s, 0), (s, 1)])
+        .map(|(s, q)| Request {
+            request: base("").tokens(&asked(s, q)).now_ms(0),
+            candidates: pods(&PODS, &[0; 4]),
+        })
+        .collect();
+    let placed = assigned(&window, &produce(&producer, &window));
+    for s in 0..4 {
+        assert_eq!(placed[2 * s], placed[2 * s + 1], "{placed:?}");
+    }
+    assert_eq!(per_pod(&placed), [2, 2, 2, 2], "{placed:?}");
+
+    // Prompts that share only half their blocks are not relatives: three of them, each a
+    // group of its own, spread over three pods.
+    let halves: Vec<Request> = (0..3u32)
+        .map(|q| {
+            let mut tokens = system(3)[..16].to_vec();
+            tokens.extend((0..16).map(|t| 9000 + 100 * q + t));
+            Request {
+                request: base("").tokens(&tokens).now_ms(10_000),
+                candidates: pods(&PODS, &[0; 4]),
+            }
+        })
+        .collect();
+    let fresh = instance(r#"{"blockSizeTokens": 4, "assignment": "fairShare"}"#);
+    let placed = assigned(&halves, &produce(&fresh, &halves));
+    assert_eq!(
+        placed.iter().collect::<BTreeSet<_>>().len(),
+        3,
+        "{placed:?}"
+    );
+}
