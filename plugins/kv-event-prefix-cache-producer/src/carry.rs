@@ -79,12 +79,7 @@ pub fn export(index: &KvIndex) -> Value {
                 }
             }
             let [gpu, cpu, other] = lists;
-            let status = match &e.status {
-                Status::Exact => json!("exact"),
-                Status::Rebuilding { since_ms, reason } => {
-                    json!({"rebuildingSinceMs": since_ms, "reason": reason})
-                }
-            };
+            let status = e.status.to_json();
             json!({
                 "hostIndex": host_index,
                 "id": e.id,

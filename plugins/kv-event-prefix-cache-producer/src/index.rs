@@ -56,6 +56,19 @@ pub enum Status {
     Rebuilding { since_ms: u64, reason: String },
 }
 
+impl Status {
+    /// As the admin state and an exported index show it: `"exact"`, or when and why the
+    /// index started over.
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
+            Status::Exact => serde_json::json!("exact"),
+            Status::Rebuilding { since_ms, reason } => {
+                serde_json::json!({"rebuildingSinceMs": since_ms, "reason": reason})
+            }
+        }
+    }
+}
+
 /// One engine block on one endpoint.
 #[derive(Debug, Clone, Copy)]
 struct EngineBlock {

@@ -358,12 +358,7 @@ impl Producer for KvEventProducer {
             .endpoints()
             .filter(|(_, e)| !e.id.is_empty() || e.engine_keys() > 0)
             .map(|(host_index, e)| {
-                let status = match &e.status {
-                    Status::Exact => json!("exact"),
-                    Status::Rebuilding { since_ms, reason } => {
-                        json!({"rebuildingSinceMs": since_ms, "reason": reason})
-                    }
-                };
+                let status = e.status.to_json();
                 json!({
                     "hostIndex": host_index,
                     "id": e.id,
