@@ -24,8 +24,8 @@ pub use config::{FleetConfig, ParamError};
 pub use engine::{run, run_stream};
 pub use fleet::{Profile, ReplicaGroup, SimFleet};
 pub use report::{
-    render_serving_table, render_table, write_reports, ConfigFile, PipelineReport, ProfileGroup,
-    RunContext,
+    render_predictions_table, render_serving_table, render_table, write_reports, ConfigFile,
+    PipelineReport, PrefixPrediction, ProfileGroup, RunContext,
 };
 pub use router::{
     Decision, LeastInFlight, ReplicaState, RoundRobin, SimRequest, SimRouter, Tokens,
