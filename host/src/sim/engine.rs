@@ -167,9 +167,12 @@ impl Ord for Event {
 ///
 /// Events at the same virtual time are processed in the order they were scheduled; arrivals
 /// come first, in workload order (requests arriving at the same time keep their order). The
-/// router is polled after every event. The run ends when every request has completed or been
-/// rejected, or when nothing is left to happen (requests the router never decided are
-/// reported as unrouted). Request ids should be unique: a request whose id was already seen is
+/// router is polled after every event. A router that [takes KV
+/// events](SimRouter::takes_kv_events) is handed each replica's cache changes the fleet's
+/// `kv_event_delay_ms` after they happened, before anything else at that time; batches still
+/// on their way when the run ends are not delivered. The run ends when every request has
+/// completed or been rejected, or when nothing is left to happen (requests the router never
+/// decided are reported as unrouted). Request ids should be unique: a request whose id was already seen is
 /// rejected on arrival without reaching the router. `progress(finished, total)` is called at
 /// the start, each time another percent of the requests has finished (completed or
 /// rejected), and once at the end.
