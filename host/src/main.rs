@@ -197,6 +197,10 @@ enum Command {
         /// interval, latency objectives.
         #[arg(long, conflicts_with_all = ["replicas", "profile"])]
         fleet: Option<PathBuf>,
+        /// How long after a replica's cache changed a pipeline reading KV-cache events hears
+        /// of it, in ms, 0..=1000000 (default: the fleet file's kvEventDelayMs, else 10).
+        #[arg(long, value_name = "MS")]
+        kv_event_delay_ms: Option<f64>,
         /// More pipelines to compare (repeatable).
         #[arg(long = "compare")]
         compare: Vec<PathBuf>,
@@ -415,6 +419,7 @@ fn run(command: Command) -> Result<(), String> {
             replicas,
             profile,
             fleet,
+            kv_event_delay_ms,
             compare,
             no_baselines,
             output,
@@ -428,6 +433,7 @@ fn run(command: Command) -> Result<(), String> {
             replicas,
             profile,
             fleet,
+            kv_event_delay_ms,
             compare,
             no_baselines,
             output,
@@ -445,6 +451,7 @@ struct SimulateArgs {
     replicas: usize,
     profile: String,
     fleet: Option<PathBuf>,
+    kv_event_delay_ms: Option<f64>,
     compare: Vec<PathBuf>,
     no_baselines: bool,
     output: Option<PathBuf>,
@@ -461,7 +468,7 @@ enum Requests {
 fn simulate_command(args: SimulateArgs) -> Result<(), String> {
     let options = args.common.options();
     let config = read_config(&args.common.config)?;
-    let fleet = match &args.fleet {
+    let mut fleet = match &args.fleet {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
@@ -474,6 +481,12 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
             fleet
         }
     };
+    if let Some(delay) = args.kv_event_delay_ms {
+        fleet.kv_event_delay_ms = delay;
+        fleet
+            .validate()
+            .map_err(|e| format!("--kv-event-delay-ms: {e}"))?;
+    }
     let (memory_limit, limit_source) = match &args.max_memory {
         Some(text) => (
             sim::parse_bytes(text).ok_or_else(|| {
@@ -654,6 +667,10 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
         .collect();
     println!("{}", sim::render_table(&reports));
     println!("{}", sim::render_serving_table(&reports));
+    let predictions = sim::render_predictions_table(&reports);
+    if !predictions.is_empty() {
+        println!("{predictions}");
+    }
     if let Some(dir) = &args.output {
         let run = sim::RunContext {
             command_line: std::env::args_os()
@@ -680,6 +697,7 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
                 .collect(),
             block_size_tokens: fleet.block_size_tokens,
             scrape_interval_ms: fleet.scrape_interval_ms,
+            kv_event_delay_ms: fleet.kv_event_delay_ms,
             seed: args.seed,
             configs,
         };

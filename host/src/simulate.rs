@@ -1,9 +1,14 @@
 //! `switchyard simulate`: the configured pipeline, through the real plugin libraries on the
-//! virtual clock, against baselines on the same workload and the same modelled fleet.
+//! virtual clock, against baselines on the same workload and the same modelled fleet. A
+//! pipeline whose plugins take KV-cache events is fed the simulated replicas' own, as the live
+//! host feeds it the engines'.
 
+use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
 
+use switchyard_plugin_api::kv::{KvEvent, KvEventBatch};
+use switchyard_plugin_api::sdk::extensions;
 use switchyard_plugin_api::{EndpointMetrics, Outcome};
 
 use crate::config::{ConfigError, LoadedConfig};
@@ -22,16 +27,37 @@ pub struct PipelineRouter {
     block_size: u32,
     /// KV blocks of each replica.
     blocks: Vec<u64>,
+    /// Positions of the plugins that take KV-cache events.
+    kv_plugins: Vec<usize>,
+    /// Each replica's endpoint id and host index, as its events name them.
+    endpoints: Vec<(String, u32)>,
+    /// Plugins whose refusal of a batch was reported already.
+    refused: HashSet<usize>,
 }
 
 impl PipelineRouter {
-    pub fn new(name: String, scheduler: Scheduler, fleet: &SimFleet) -> Self {
+    pub fn new(name: String, mut scheduler: Scheduler, fleet: &SimFleet) -> Self {
+        let kv_plugins = scheduler.pipeline().kv_event_plugins();
+        let endpoints = if kv_plugins.is_empty() {
+            Vec::new()
+        } else {
+            (0..fleet.replicas())
+                .map(|i| {
+                    let id = replica_id(i);
+                    let host_index = scheduler.host_index_for(&id);
+                    (id, host_index)
+                })
+                .collect()
+        };
         PipelineRouter {
             name,
             scheduler,
             decided: Vec::new(),
             block_size: fleet.block_size_tokens as u32,
             blocks: fleet.blocks_per_replica(),
+            kv_plugins,
+            endpoints,
+            refused: HashSet::new(),
         }
     }
 
@@ -66,6 +92,7 @@ impl PipelineRouter {
                     .ok()
                     .and_then(|c| c.first().copied()),
                 note: decision.result.err().map(|e| e.to_string()),
+                predicted: decision.predicted,
             });
         }
     }
@@ -114,6 +141,46 @@ impl SimRouter for PipelineRouter {
         self.scheduler
             .complete(&request.to_string(), Outcome::Finished, now_ms);
     }
+
+    fn takes_kv_events(&self) -> bool {
+        !self.kv_plugins.is_empty()
+    }
+
+    /// Hands the batch to every plugin that takes events, as the live host does: one JSON
+    /// `KvEventBatch` per publishing replica and batch, stamped with the virtual time.
+    fn kv_events(&mut self, now_ms: f64, replica: usize, events: Vec<KvEvent>) {
+        let Some((id, host_index)) = self.endpoints.get(replica) else {
+            return;
+        };
+        let batch = KvEventBatch {
+            host_index: *host_index,
+            endpoint: id.clone(),
+            now_ms: now_ms as u64,
+            events,
+        };
+        let Ok(json) = serde_json::to_string(&batch) else {
+            return;
+        };
+        let pipeline = self.scheduler.pipeline();
+        for &position in &self.kv_plugins {
+            let plugin = &pipeline.plugins[position];
+            if let Err(error) = plugin.object.extension(extensions::KV_EVENTS, &json) {
+                if self.refused.insert(position) {
+                    tracing::warn!(
+                        pipeline = %self.name,
+                        plugin = %plugin.label(),
+                        "a KV event batch was refused: {}; later refusals are not reported",
+                        error.message
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The endpoint id of replica `i`.
+fn replica_id(i: usize) -> String {
+    format!("/replica-{i}")
 }
 
 /// The simulated replicas as endpoints.
@@ -124,7 +191,7 @@ pub fn sim_fleet(fleet: &SimFleet) -> Fleet {
             .into_iter()
             .enumerate()
             .map(|(i, blocks)| Endpoint {
-                id: format!("/replica-{i}"),
+                id: replica_id(i),
                 address: format!("replica-{i}:8000"),
                 role: String::new(),
                 metrics: EndpointMetrics {

@@ -52,7 +52,7 @@ impl KvFeed {
                 return positions.clone();
             }
         }
-        let positions: Arc<[usize]> = interested_plugins(pipeline).into();
+        let positions: Arc<[usize]> = pipeline.kv_event_plugins().into();
         if let Some((previous, before)) = cached.as_ref() {
             let fresh: Vec<usize> = positions
                 .iter()
@@ -72,21 +72,6 @@ impl KvFeed {
         *cached = Some((pipeline.clone(), positions.clone()));
         positions
     }
-}
-
-/// Positions of the plugins of `pipeline` that answer `true` to the `kv_events` question.
-pub fn interested_plugins(pipeline: &Pipeline) -> Vec<usize> {
-    pipeline
-        .plugins
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| {
-            p.object
-                .extension(extensions::KV_EVENTS, "")
-                .is_ok_and(|answer| answer == "true")
-        })
-        .map(|(i, _)| i)
-        .collect()
 }
 
 impl KvSink for KvFeed {
@@ -178,7 +163,7 @@ pub fn reset_prefix_state(
         let Ok(json) = serde_json::to_string(&batch) else {
             continue;
         };
-        for position in interested_plugins(&pipeline) {
+        for position in pipeline.kv_event_plugins() {
             let plugin = &pipeline.plugins[position];
             if plugin
                 .object

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 
 use serde_json::{json, Value};
 
-use crate::pipeline::Predicted;
+use crate::pipeline::{Predicted, Sums};
 
 /// Checks a drift judgement is made over: the latest of one producer on one endpoint.
 pub const DRIFT_WINDOW: usize = 50;
@@ -22,47 +22,6 @@ pub const DRIFT_WINDOW: usize = 50;
 pub const DRIFT_BELOW: f64 = 0.5;
 /// Both at this or more over a full window ends a drift.
 pub const RECOVERED_AT: f64 = 0.6;
-
-/// Token sums of some checks. Correct tokens are those both predicted and cached: the smaller
-/// of the two, since both count a prefix of the prompt.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Sums {
-    pub predicted: u64,
-    pub cached: u64,
-    pub correct: u64,
-}
-
-impl Sums {
-    fn one(predicted: u64, cached: u64) -> Sums {
-        Sums {
-            predicted,
-            cached,
-            correct: predicted.min(cached),
-        }
-    }
-
-    fn add(&mut self, other: Sums) {
-        self.predicted += other.predicted;
-        self.cached += other.cached;
-        self.correct += other.correct;
-    }
-
-    fn remove(&mut self, other: Sums) {
-        self.predicted -= other.predicted;
-        self.cached -= other.cached;
-        self.correct -= other.correct;
-    }
-
-    /// Of the tokens predicted, the share that was cached; `None` when none were predicted.
-    pub fn precision(&self) -> Option<f64> {
-        (self.predicted > 0).then(|| self.correct as f64 / self.predicted as f64)
-    }
-
-    /// Of the tokens cached, the share that was predicted; `None` when none were cached.
-    pub fn recall(&self) -> Option<f64> {
-        (self.cached > 0).then(|| self.correct as f64 / self.cached as f64)
-    }
-}
 
 /// One producer's record on one endpoint.
 #[derive(Debug, Default)]

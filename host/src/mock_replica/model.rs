@@ -7,16 +7,17 @@
 //! times; [`spawn`] runs it against milliseconds since start.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::collections::{BinaryHeap, HashMap};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use switchyard_plugin_api::kv::{KvEvent, Medium, RemovedBlocks, StoredBlocks};
+use switchyard_plugin_api::kv::KvEvent;
 
 use super::kv_publish::{Publish, Publisher};
 use crate::sim::kv_cache::CacheChange;
+use crate::sim::kv_events::cache_events;
 use crate::sim::replica::{BlockStore, Job, PrefillStart, Replica};
 use crate::sim::FleetConfig;
 
@@ -354,8 +355,7 @@ impl Events {
     }
 
     /// The events announcing `changes`, made while `chain` (with `tokens`) entered the
-    /// cache: the evictions, then the chain's blocks that are new, in runs that each name the
-    /// block before them as parent. A block stored and evicted within `changes` is in neither.
+    /// cache (see [`cache_events`]).
     fn announce(
         &self,
         changes: &[CacheChange],
@@ -363,68 +363,9 @@ impl Events {
         tokens: &[u32],
         cache_salt: &str,
     ) -> Vec<KvEvent> {
-        let stored: HashSet<u64> = changes
-            .iter()
-            .filter_map(|c| match c {
-                CacheChange::Stored(h) => Some(*h),
-                CacheChange::Evicted(_) => None,
-            })
-            .collect();
-        let evicted: HashSet<u64> = changes
-            .iter()
-            .filter_map(|c| match c {
-                CacheChange::Evicted(h) => Some(*h),
-                CacheChange::Stored(_) => None,
-            })
-            .collect();
-        let mut events = Vec::new();
-        let removed: Vec<u64> = evicted
-            .iter()
-            .filter(|h| !stored.contains(h))
-            .map(|&h| self.engine_hash(h))
-            .collect();
-        if !removed.is_empty() {
-            events.push(KvEvent::BlockRemoved(RemovedBlocks {
-                block_hashes: removed,
-                medium: Medium::Gpu,
-            }));
-        }
-        let new = |i: usize| stored.contains(&chain[i]) && !evicted.contains(&chain[i]);
-        let size = self.block_size;
-        let mut i = 0;
-        while i < chain.len() {
-            if !new(i) {
-                i += 1;
-                continue;
-            }
-            let start = i;
-            while i < chain.len() && new(i) {
-                i += 1;
-            }
-            let Some(run_tokens) = tokens.get(start * size..i * size) else {
-                break;
-            };
-            let extra_keys = if start == 0 && !cache_salt.is_empty() {
-                let mut keys = vec![None; i - start];
-                keys[0] = Some(vec![cache_salt.to_string()]);
-                keys
-            } else {
-                Vec::new()
-            };
-            events.push(KvEvent::BlockStored(StoredBlocks {
-                block_hashes: chain[start..i]
-                    .iter()
-                    .map(|&h| self.engine_hash(h))
-                    .collect(),
-                parent_block_hash: start.checked_sub(1).map(|p| self.engine_hash(chain[p])),
-                token_ids: run_tokens.to_vec(),
-                block_size: size as u32,
-                medium: Medium::Gpu,
-                extra_keys,
-                ..StoredBlocks::default()
-            }));
-        }
-        events
+        cache_events(changes, chain, tokens, cache_salt, self.block_size, |h| {
+            self.engine_hash(h)
+        })
     }
 }
 
@@ -474,6 +415,7 @@ pub fn spawn(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use switchyard_plugin_api::kv::{Medium, RemovedBlocks, StoredBlocks};
 
     fn cfg() -> FleetConfig {
         FleetConfig {

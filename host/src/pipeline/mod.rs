@@ -10,7 +10,7 @@ pub mod scheduler;
 pub mod tokenize;
 pub mod wiring;
 
-pub use prediction::{Predicted, PrefixRows};
+pub use prediction::{Predicted, PrefixRows, Sums};
 pub use request::{ChatMessage, Endpoint, Fleet, Prompt, Request};
 pub use scheduler::{Decision, Rejection, Scheduler};
 pub use wiring::{build, build_from, load_registry, Options, Pipeline};

@@ -1,7 +1,8 @@
 //! What a decision predicted about the prefix cache of the endpoint it chose: which attribute
 //! rows hold `PrefixCacheMatchInfo` (found once, when the pipeline is wired) and, per decision,
 //! the prompt tokens each of their producers expected the chosen endpoint to hold already. The
-//! values are kept inline, so taking them allocates nothing.
+//! values are kept inline, so taking them allocates nothing. [`Sums`] is how a prediction is
+//! scored against what the endpoint really held, for every driver that checks them.
 
 use std::sync::Arc;
 
@@ -103,6 +104,47 @@ impl Predicted {
             producers: Some(pairs.iter().map(|(name, _)| name.to_string()).collect()),
             tokens,
         }
+    }
+}
+
+/// Token sums of some checked predictions. Correct tokens are those both predicted and cached: the smaller
+/// of the two, since both count a prefix of the prompt.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sums {
+    pub predicted: u64,
+    pub cached: u64,
+    pub correct: u64,
+}
+
+impl Sums {
+    pub fn one(predicted: u64, cached: u64) -> Sums {
+        Sums {
+            predicted,
+            cached,
+            correct: predicted.min(cached),
+        }
+    }
+
+    pub fn add(&mut self, other: Sums) {
+        self.predicted += other.predicted;
+        self.cached += other.cached;
+        self.correct += other.correct;
+    }
+
+    pub fn remove(&mut self, other: Sums) {
+        self.predicted -= other.predicted;
+        self.cached -= other.cached;
+        self.correct -= other.correct;
+    }
+
+    /// Of the tokens predicted, the share that was cached; `None` when none were predicted.
+    pub fn precision(&self) -> Option<f64> {
+        (self.predicted > 0).then(|| self.correct as f64 / self.predicted as f64)
+    }
+
+    /// Of the tokens cached, the share that was predicted; `None` when none were cached.
+    pub fn recall(&self) -> Option<f64> {
+        (self.cached > 0).then(|| self.correct as f64 / self.cached as f64)
     }
 }
 

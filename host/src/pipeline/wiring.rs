@@ -183,6 +183,21 @@ impl Pipeline {
     pub fn find(&self, name: &str) -> Option<usize> {
         self.plugins.iter().position(|p| p.name == name)
     }
+
+    /// Positions of the plugins that take KV-cache events: those answering `true` to the
+    /// `kv_events` question (plugin API 1.3).
+    pub fn kv_event_plugins(&self) -> Vec<usize> {
+        self.plugins
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| {
+                p.object
+                    .extension(extensions::KV_EVENTS, "")
+                    .is_ok_and(|answer| answer == "true")
+            })
+            .map(|(i, _)| i)
+            .collect()
+    }
 }
 
 /// Loads the libraries a config names into a registry that already holds the built-ins.

@@ -1,11 +1,15 @@
-//! The discrete-event loop: arrivals, router polls and wakeups, and replica prefill and decode
-//! completions, in virtual time.
+//! The discrete-event loop: arrivals, router polls and wakeups, replica prefill and decode
+//! completions, and the replicas' KV-cache events on their way to a router that reads them,
+//! in virtual time. It also checks each decision's prefix prediction against what the chosen
+//! replica had cached when the request's prefill was scheduled.
 
 use super::fleet::{Profile, SimFleet};
+use super::kv_events::{cache_events, step_events, ChainSource, EventQueue};
 use super::replica::{Job, PrefillStart, Replica, ReplicaStats};
 use super::report::PipelineReport;
-use super::router::{Decision, ReplicaState, SimRequest, SimRouter};
-use super::stepper::{StepEvent, StepReplica};
+use super::router::{Decision, ReplicaState, SimRequest, SimRouter, Tokens};
+use super::stepper::{BlockChange, StepEvent, StepReplica};
+use crate::pipeline::{Predicted, Sums};
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BinaryHeap, HashMap};
 use std::iter::Peekable;
@@ -61,15 +65,28 @@ pub(crate) enum SimReplica {
 }
 
 impl SimReplica {
-    fn new(profile: &Profile, block_size: usize) -> SimReplica {
+    /// A replica of `profile`; one whose cache changes are `announced` keeps them for
+    /// [`Sim::publish_step`] and [`Sim::prefill_done`].
+    fn new(profile: &Profile, block_size: usize, announced: bool) -> SimReplica {
         match profile {
             Profile::FixedRate(cfg) => {
-                SimReplica::Fixed(Replica::new(&super::config::FleetConfig {
+                let replica = Replica::new(&super::config::FleetConfig {
                     block_size_tokens: block_size,
                     ..cfg.clone()
-                }))
+                });
+                SimReplica::Fixed(if announced {
+                    replica.keeping_cache_changes()
+                } else {
+                    replica
+                })
             }
-            Profile::Engine(params) => SimReplica::Stepped(StepReplica::new(params, block_size)),
+            Profile::Engine(params) => {
+                let mut replica = StepReplica::new(params, block_size);
+                if announced {
+                    replica.keep_block_changes();
+                }
+                SimReplica::Stepped(replica)
+            }
         }
     }
 
@@ -100,6 +117,9 @@ pub(crate) struct RunOutcome {
     pub ideal_blocks: u64,
     pub block_size: usize,
     pub end_ms: f64,
+    /// Per producer of prefix predictions, in the order they were first checked: the
+    /// requests checked and their token sums.
+    pub predictions: Vec<(String, u64, Sums)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -111,6 +131,8 @@ enum EventKind {
     DecodeDone(usize),
     /// A step of replica r ends.
     StepDone(usize),
+    /// A batch of KV-cache events reaches the router.
+    KvDue,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -145,9 +167,12 @@ impl Ord for Event {
 ///
 /// Events at the same virtual time are processed in the order they were scheduled; arrivals
 /// come first, in workload order (requests arriving at the same time keep their order). The
-/// router is polled after every event. The run ends when every request has completed or been
-/// rejected, or when nothing is left to happen (requests the router never decided are
-/// reported as unrouted). Request ids should be unique: a request whose id was already seen is
+/// router is polled after every event. A router that [takes KV
+/// events](SimRouter::takes_kv_events) is handed each replica's cache changes the fleet's
+/// `kv_event_delay_ms` after they happened, before anything else at that time; batches still
+/// on their way when the run ends are not delivered. The run ends when every request has
+/// completed or been rejected, or when nothing is left to happen (requests the router never
+/// decided are reported as unrouted). Request ids should be unique: a request whose id was already seen is
 /// rejected on arrival without reaching the router. `progress(finished, total)` is called at
 /// the start, each time another percent of the requests has finished (completed or
 /// rejected), and once at the end.
@@ -179,9 +204,21 @@ pub fn run_stream(
     router: &mut dyn SimRouter,
     progress: &mut dyn FnMut(usize, usize),
 ) -> PipelineReport {
-    let mut sim = Sim::new(total, requests.peekable(), fleet);
+    let mut sim = Sim::new(total, requests.peekable(), fleet, router.takes_kv_events());
     sim.run(router, progress);
     PipelineReport::from_outcome(router.name(), &sim.into_outcome())
+}
+
+/// The replicas' KV-cache events on their way to a router that reads them.
+struct KvFeed {
+    queue: EventQueue,
+    /// Prompt tokens and cache salt of each request a replica may still store blocks of, by
+    /// record index.
+    prompts: HashMap<usize, (Tokens, String)>,
+    /// A step engine's changes, taken after each step.
+    changes: Vec<BlockChange>,
+    /// When a [`EventKind::KvDue`] is scheduled.
+    wakeup: Option<f64>,
 }
 
 /// The hash chain of one token buffer, kept while requests may still bring the buffer.
@@ -232,14 +269,20 @@ struct Sim<I: Iterator<Item = SimRequest>> {
     scheduled_wakeup: Option<f64>,
     idle_wakeups: u32,
     decisions: Vec<Decision>,
+    /// `None` unless the router reads KV-cache events.
+    kv: Option<KvFeed>,
+    /// The prefix predictions of dispatched requests not yet scheduled, by record index.
+    predicted: HashMap<usize, Predicted>,
+    /// Per producer: requests checked and token sums.
+    checks: Vec<(String, u64, Sums)>,
 }
 
 impl<I: Iterator<Item = SimRequest>> Sim<I> {
-    fn new(total: usize, incoming: Peekable<I>, fleet: &SimFleet) -> Self {
+    fn new(total: usize, incoming: Peekable<I>, fleet: &SimFleet, kv_events: bool) -> Self {
         let block_size = fleet.block_size_tokens.max(1);
         let replicas: Vec<SimReplica> = fleet
             .profiles()
-            .map(|p| SimReplica::new(p, block_size))
+            .map(|p| SimReplica::new(p, block_size, kv_events))
             .collect();
         let view = replicas.iter().map(SimReplica::state).collect();
         Sim {
@@ -267,6 +310,14 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             scheduled_wakeup: None,
             idle_wakeups: 0,
             decisions: Vec::new(),
+            kv: kv_events.then(|| KvFeed {
+                queue: EventQueue::new(fleet.kv_event_delay_ms),
+                prompts: HashMap::new(),
+                changes: Vec::new(),
+                wakeup: None,
+            }),
+            predicted: HashMap::new(),
+            checks: Vec::new(),
         }
     }
 
@@ -349,6 +400,8 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             }
             self.scrape(at);
             self.now = self.now.max(at);
+            // Events due by now reach the router before whatever happens now.
+            self.deliver_kv(router);
             match kind {
                 EventKind::Arrival => {
                     if let Some(req) = arriving {
@@ -363,12 +416,22 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
                 EventKind::PrefillDone(r) => self.prefill_done(r),
                 EventKind::DecodeDone(i) => self.decode_done(i, router),
                 EventKind::StepDone(r) => self.step_done(r, router),
+                EventKind::KvDue => {
+                    if let Some(kv) = &mut self.kv {
+                        if kv.wakeup == Some(at) {
+                            kv.wakeup = None;
+                        }
+                    }
+                }
             }
+            // Without a delay, what happened now is known before the next decision.
+            self.deliver_kv(router);
             let decided = self.poll(router);
             if matches!(kind, EventKind::Wakeup) && decided == 0 {
                 self.idle_wakeups += 1;
             }
             self.schedule_wakeup(router);
+            self.schedule_kv();
             self.report_progress(progress);
         }
         progress(self.finished, self.total);
@@ -434,6 +497,10 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
         if req.id != i as u64 {
             self.index_of.insert(req.id, i);
         }
+        if let Some(kv) = &mut self.kv {
+            kv.prompts
+                .insert(i, (req.tokens.clone(), req.cache_salt.clone()));
+        }
         router.submit(self.now, &req, &self.view);
     }
 
@@ -463,10 +530,16 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             decided += 1;
             self.records[i].decided_ms = self.now;
             match d.replica {
-                Some(r) if r < self.replicas.len() => self.dispatch(i, r, router),
+                Some(r) if r < self.replicas.len() => {
+                    if !d.predicted.is_empty() {
+                        self.predicted.insert(i, d.predicted);
+                    }
+                    self.dispatch(i, r, router)
+                }
                 _ => {
                     self.records[i].status = Status::Rejected;
                     self.finished += 1;
+                    self.forget(i);
                 }
             }
         }
@@ -486,6 +559,8 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
                 self.records[i].status = Status::Refused;
                 self.records[i].replica = None;
                 self.finished += 1;
+                self.forget(i);
+                self.predicted.remove(&i);
                 router.on_complete(self.now, self.records[i].id, r);
                 return;
             }
@@ -523,6 +598,8 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             self.schedule(at, EventKind::StepDone(r));
         }
         self.refresh(r);
+        // Before finished requests are forgotten: the step may have stored their blocks.
+        self.publish_step(r);
         for event in events.drain(..) {
             match event {
                 StepEvent::FirstToken {
@@ -538,6 +615,7 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
                     record.cached_tokens = cached_tokens;
                     record.computed_tokens = computed_tokens;
                     record.full_hit = full_hit;
+                    self.check_prediction(request, cached_tokens);
                 }
                 StepEvent::Done { request } => {
                     let record = &mut self.records[request];
@@ -545,6 +623,7 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
                     record.done_ms = self.now;
                     self.finished += 1;
                     router.on_complete(self.now, record.id, r);
+                    self.forget(request);
                 }
             }
         }
@@ -556,6 +635,14 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             return;
         };
         let (ended, started) = replica.finish_prefill(self.now, &self.hashes);
+        if let (Some(end), Some(kv)) = (&ended, &mut self.kv) {
+            let changes = replica.take_cache_changes();
+            if let Some((tokens, salt)) = kv.prompts.get(&end.request) {
+                let chain = &self.hashes[self.records[end.request].job.blocks.clone()];
+                let events = cache_events(&changes, chain, tokens, salt, self.block_size, |h| h);
+                kv.queue.publish(self.now, r, events);
+            }
+        }
         if let Some(end) = ended {
             self.records[end.request].first_token_ms = self.now;
             self.schedule(end.done_at, EventKind::DecodeDone(end.request));
@@ -577,6 +664,7 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
         self.started(r, started);
         self.finished += 1;
         router.on_complete(self.now, self.records[i].id, r);
+        self.forget(i);
     }
 
     /// Books a prefill that has just started on replica `r` and refreshes `r`'s view.
@@ -590,8 +678,83 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             let prompt = record.job.prompt_tokens;
             record.full_hit = s.cached_tokens >= prompt - prompt % bs;
             self.schedule(s.done_at, EventKind::PrefillDone(r));
+            self.check_prediction(s.request, s.cached_tokens);
         }
         self.refresh(r);
+    }
+
+    /// Hands the router the KV-cache events due by now, in the order they were published.
+    fn deliver_kv(&mut self, router: &mut dyn SimRouter) {
+        let Some(kv) = &mut self.kv else {
+            return;
+        };
+        while let Some((replica, events)) = kv.queue.pop_due(self.now) {
+            router.kv_events(self.now, replica, events);
+        }
+    }
+
+    /// Makes sure the loop stops when the next batch of KV-cache events is due.
+    fn schedule_kv(&mut self) {
+        let Some(kv) = &self.kv else {
+            return;
+        };
+        let Some(due) = kv.queue.next_due() else {
+            return;
+        };
+        if kv.wakeup.is_none_or(|w| due < w) {
+            if let Some(kv) = &mut self.kv {
+                kv.wakeup = Some(due);
+            }
+            self.schedule(due, EventKind::KvDue);
+        }
+    }
+
+    /// Publishes what step-engine replica `r`'s last step did to its prefix cache.
+    fn publish_step(&mut self, r: usize) {
+        let (Some(kv), SimReplica::Stepped(replica)) = (&mut self.kv, &mut self.replicas[r]) else {
+            return;
+        };
+        kv.changes.clear();
+        replica.take_block_changes(&mut kv.changes);
+        if kv.changes.is_empty() {
+            return;
+        }
+        let (records, hashes, prompts) = (&self.records, &self.hashes, &kv.prompts);
+        let events = step_events(&kv.changes, self.block_size, |request| {
+            let job = &records.get(request)?.job;
+            let (tokens, salt) = prompts.get(&request)?;
+            Some(ChainSource {
+                hashes: &hashes[job.blocks.start..job.chain_end.max(job.blocks.end)],
+                tokens: tokens.buffer(),
+                cache_salt: salt,
+            })
+        });
+        kv.queue.publish(self.now, r, events);
+    }
+
+    /// Drops what was kept of request `i` for its KV-cache events: it will store no more.
+    fn forget(&mut self, i: usize) {
+        if let Some(kv) = &mut self.kv {
+            kv.prompts.remove(&i);
+        }
+    }
+
+    /// Scores the prediction made for request `i` against the `cached` prompt tokens its
+    /// replica found when the prefill was scheduled.
+    fn check_prediction(&mut self, i: usize, cached: u32) {
+        let Some(predicted) = self.predicted.remove(&i) else {
+            return;
+        };
+        for (producer, tokens) in predicted.iter() {
+            let one = Sums::one(tokens, u64::from(cached));
+            match self.checks.iter_mut().find(|c| c.0 == producer) {
+                Some(check) => {
+                    check.1 += 1;
+                    check.2.add(one);
+                }
+                None => self.checks.push((producer.to_string(), 1, one)),
+            }
+        }
     }
 
     /// Replica `r` changed: the router's view of it is refreshed — wholly when metrics are
@@ -639,6 +802,7 @@ impl<I: Iterator<Item = SimRequest>> Sim<I> {
             ideal_blocks: ideal_blocks(self.hashes, &self.counted, &self.generated),
             block_size: self.block_size,
             end_ms: self.now,
+            predictions: self.checks,
         }
     }
 }
@@ -679,5 +843,7 @@ fn ideal_blocks(
         .count() as u64
 }
 
+#[cfg(test)]
+mod kv_tests;
 #[cfg(test)]
 mod tests;

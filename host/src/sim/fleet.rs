@@ -1,9 +1,11 @@
 //! The simulated fleet: groups of replicas, each group with a profile (a step-engine preset,
 //! possibly with parameters overridden, or the fixed-rate model), plus what is fleet-wide —
-//! block size, how often the router's metrics are scraped, and the latency objectives
-//! goodput is counted against. Read from a TOML file (`simulate --fleet`).
+//! block size, how often the router's metrics are scraped, how late the replicas' KV-cache
+//! events reach it, and the latency objectives goodput is counted against. Read from a TOML
+//! file (`simulate --fleet`).
 
 use super::config::{check_float, check_range, FleetConfig, ParamError};
+use super::kv_events::DEFAULT_KV_EVENT_DELAY_MS;
 use super::profile::{preset, profile_names, EngineParams, DEFAULT_PROFILE, FIXED_RATE};
 use crate::config::locate::{line_at, line_of, Step};
 use crate::config::ConfigError;
@@ -45,6 +47,9 @@ pub struct SimFleet {
     /// How often the router's view of the replicas' metrics is refreshed; 0 refreshes it at
     /// every event. In-flight counts are always exact.
     pub scrape_interval_ms: f64,
+    /// How long after a replica's cache changed the router hears of it, for routers that
+    /// read the replicas' KV-cache events.
+    pub kv_event_delay_ms: f64,
     /// A completed request meets its objectives when its TTFT and its time per output token
     /// (after the first) are within these.
     pub ttft_objective_ms: f64,
@@ -66,6 +71,7 @@ impl From<&FleetConfig> for SimFleet {
         SimFleet {
             block_size_tokens: cfg.block_size_tokens,
             scrape_interval_ms: 0.0,
+            kv_event_delay_ms: DEFAULT_KV_EVENT_DELAY_MS,
             ttft_objective_ms: DEFAULT_TTFT_OBJECTIVE_MS,
             tpot_objective_ms: DEFAULT_TPOT_OBJECTIVE_MS,
             groups: vec![ReplicaGroup {
@@ -111,6 +117,7 @@ impl SimFleet {
             } else {
                 DEFAULT_SCRAPE_INTERVAL_MS
             },
+            kv_event_delay_ms: DEFAULT_KV_EVENT_DELAY_MS,
             ttft_objective_ms: DEFAULT_TTFT_OBJECTIVE_MS,
             tpot_objective_ms: DEFAULT_TPOT_OBJECTIVE_MS,
             groups: vec![ReplicaGroup {
@@ -189,13 +196,14 @@ impl SimFleet {
             match key.as_str() {
                 "blockSizeTokens" => fleet.block_size_tokens = integer(key, value).map_err(bad)?,
                 "scrapeIntervalMs" => fleet.scrape_interval_ms = number(key, value).map_err(bad)?,
+                "kvEventDelayMs" => fleet.kv_event_delay_ms = number(key, value).map_err(bad)?,
                 "ttftObjectiveMs" => fleet.ttft_objective_ms = number(key, value).map_err(bad)?,
                 "tpotObjectiveMs" => fleet.tpot_objective_ms = number(key, value).map_err(bad)?,
                 "groups" => {}
                 _ => {
                     return Err(bad(format!(
                         "unknown key `{key}` (expected blockSizeTokens, scrapeIntervalMs, \
-                         ttftObjectiveMs, tpotObjectiveMs or [[groups]])"
+                         kvEventDelayMs, ttftObjectiveMs, tpotObjectiveMs or [[groups]])"
                     )))
                 }
             }
@@ -287,6 +295,7 @@ impl SimFleet {
     fn validate_top_level(&self) -> Result<(), ParamError> {
         check_range("blockSizeTokens", self.block_size_tokens, 1, 1024)?;
         check_float("scrapeIntervalMs", self.scrape_interval_ms, 0.0, false, 1e6)?;
+        check_float("kvEventDelayMs", self.kv_event_delay_ms, 0.0, false, 1e6)?;
         check_float("ttftObjectiveMs", self.ttft_objective_ms, 0.0, true, 1e9)?;
         check_float("tpotObjectiveMs", self.tpot_objective_ms, 0.0, true, 1e9)?;
         Ok(())

@@ -96,6 +96,11 @@ impl BlockCache {
         self.evictions
     }
 
+    /// Every block held, in no particular order.
+    pub fn blocks(&self) -> &[u64] {
+        &self.hashes
+    }
+
     pub fn contains(&self, hash: u64) -> bool {
         self.slots.contains_key(&hash)
     }

@@ -74,6 +74,11 @@ impl BlockPool {
         self.cached.len()
     }
 
+    /// The hashes of every content that can be found, in no particular order.
+    pub fn cached_hashes(&self) -> impl Iterator<Item = u64> + '_ {
+        self.cached.keys().copied()
+    }
+
     /// The block holding the content hashed `hash`, if it is still in the pool.
     pub fn lookup(&self, hash: u64) -> Option<u32> {
         self.cached.get(&hash).copied()
@@ -95,34 +100,46 @@ impl BlockPool {
     /// Hands out a free block: an empty one if there is one, else the least recently freed
     /// cached block, dropping its content; `None` when every block is held.
     pub fn allocate(&mut self) -> Option<u32> {
+        self.allocate_evicting().map(|(id, _)| id)
+    }
+
+    /// As [`BlockPool::allocate`], with the hash of the content the block held when handing
+    /// it out dropped that content (an eviction).
+    pub fn allocate_evicting(&mut self) -> Option<(u32, Option<u64>)> {
         if let Some(id) = self.empty.pop() {
             self.blocks[id as usize].refs = 1;
-            return Some(id);
+            return Some((id, None));
         }
         let id = self.lru.front()?;
         self.lru.unlink(id);
         let block = &mut self.blocks[id as usize];
         block.refs = 1;
-        if block.hashed {
-            block.hashed = false;
-            let hash = block.hash;
-            self.cached.remove(&hash);
-            self.evictions += 1;
+        if !block.hashed {
+            return Some((id, None));
         }
-        Some(id)
+        block.hashed = false;
+        let hash = block.hash;
+        self.cached.remove(&hash);
+        self.evictions += 1;
+        Some((id, Some(hash)))
     }
 
     /// Registers the full block `id` as holding the content hashed `hash`, unless another
-    /// block already does (the first copy stays the one prefix hits find).
-    pub fn register(&mut self, id: u32, hash: u64) {
+    /// block already does (the first copy stays the one prefix hits find). Returns whether
+    /// the content became findable through this call.
+    pub fn register(&mut self, id: u32, hash: u64) -> bool {
         let block = &mut self.blocks[id as usize];
         if block.hashed {
-            return;
+            return false;
         }
-        if let std::collections::hash_map::Entry::Vacant(e) = self.cached.entry(hash) {
-            e.insert(id);
-            block.hash = hash;
-            block.hashed = true;
+        match self.cached.entry(hash) {
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(id);
+                block.hash = hash;
+                block.hashed = true;
+                true
+            }
+            std::collections::hash_map::Entry::Occupied(_) => false,
         }
     }
 

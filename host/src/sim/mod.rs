@@ -1,7 +1,8 @@
 //! Discrete-event simulation of a replica fleet.
 //!
 //! A workload ([`workload`]) is replayed in virtual time against modelled model-server
-//! replicas ([`replica`]), with a [`SimRouter`] deciding where each request goes; [`run`]
+//! replicas ([`replica`], [`stepper`]), with a [`SimRouter`] deciding where each request goes
+//! (a router that reads KV-cache events hears the replicas' own, [`kv_events`]); [`run`]
 //! drives the events and returns a [`PipelineReport`], which [`write_reports`] and
 //! [`render_table`] present.
 
@@ -10,6 +11,7 @@ pub mod engine;
 pub mod fleet;
 mod index_list;
 pub mod kv_cache;
+pub mod kv_events;
 pub mod kv_pool;
 pub mod profile;
 pub mod replica;
@@ -22,8 +24,8 @@ pub use config::{FleetConfig, ParamError};
 pub use engine::{run, run_stream};
 pub use fleet::{Profile, ReplicaGroup, SimFleet};
 pub use report::{
-    render_serving_table, render_table, write_reports, ConfigFile, PipelineReport, ProfileGroup,
-    RunContext,
+    render_predictions_table, render_serving_table, render_table, write_reports, ConfigFile,
+    PipelineReport, PrefixPrediction, ProfileGroup, RunContext,
 };
 pub use router::{
     Decision, LeastInFlight, ReplicaState, RoundRobin, SimRequest, SimRouter, Tokens,

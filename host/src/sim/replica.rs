@@ -183,7 +183,6 @@ impl Replica {
         self
     }
 
-    /// The request whose prefill is running, if any.
     /// Keeps the cache's stores and evictions for [`Replica::take_cache_changes`].
     pub fn keeping_cache_changes(mut self) -> Self {
         self.cache.keep_changes();
@@ -195,11 +194,17 @@ impl Replica {
         self.cache.take_changes()
     }
 
+    /// The prefix cache.
+    pub fn cache(&self) -> &BlockCache {
+        &self.cache
+    }
+
     /// Empties the prefix cache (an engine resetting it, e.g. after loading new weights).
     pub fn clear_cache(&mut self) {
         self.cache.clear();
     }
 
+    /// The request whose prefill is running, if any.
     pub fn prefilling(&self) -> Option<usize> {
         self.prefilling.as_ref().map(|job| job.request)
     }

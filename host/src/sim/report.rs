@@ -34,7 +34,7 @@ const LOAD_BUCKETS: usize = 200;
 ///   replicas never cache.
 /// * `cache_hit_rate` — `prefill_tokens_cached / prompt_tokens` (0 when nothing was served).
 /// * `ttft_ms` — time to first token (arrival → prefill done, so it includes the router's
-///   wait and queueing) over completed requests: `{count, mean, p50, p99}`.
+///   wait and queueing) over completed requests: `{count, mean, p50, p90, p99}`.
 /// * `e2e_ms` — arrival → last token, same shape.
 /// * `router_wait_ms` — arrival → decision, over decided requests, same shape.
 /// * `replica_load` — `{max, mean}`: the largest and the mean over replicas of each
@@ -64,6 +64,8 @@ const LOAD_BUCKETS: usize = 200;
 /// * `rl_steps` — for workloads with step tags: per step, `{step, requests, start_ms,
 ///   done_ms, duration_ms}` (first arrival → last completion of the step, what a trainer
 ///   waits for); `rl_step_total_ms` their durations added up. `[]` and `null` otherwise.
+/// * `prefix_predictions` — per producer of `PrefixCacheMatchInfo` in the pipeline, how its
+///   predictions held ([`PrefixPrediction`]); `[]` for a router that predicts nothing.
 ///
 /// Percentiles use the nearest-rank method; empty sets give 0.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -98,8 +100,26 @@ pub struct PipelineReport {
     pub utilisation: Utilisation,
     pub rl_steps: Vec<RlStep>,
     pub rl_step_total_ms: Option<f64>,
+    pub prefix_predictions: Vec<PrefixPrediction>,
 }
 
+/// How one prefix producer's predictions held over a run: for every request placed on a
+/// replica and scheduled there, the prompt tokens the producer expected that replica to hold
+/// at the decision against the tokens it found cached when the prefill was scheduled (the
+/// figure vLLM returns as `cached_tokens`). The words are those of the live check
+/// (`GET /predictions`): `correct_tokens` are both predicted and cached (the smaller of the
+/// two per request), `precision` = correct / predicted, `recall` = correct / cached, `null`
+/// when the denominator is 0.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PrefixPrediction {
+    pub producer: String,
+    pub checked_requests: u64,
+    pub predicted_tokens: u64,
+    pub cached_tokens: u64,
+    pub correct_tokens: u64,
+    pub precision: Option<f64>,
+    pub recall: Option<f64>,
+}
 /// What was run, as `report.json`'s `run` object and the head of `report.html`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RunContext {
@@ -120,6 +140,8 @@ pub struct RunContext {
     pub profiles: Vec<ProfileGroup>,
     pub block_size_tokens: usize,
     pub scrape_interval_ms: f64,
+    /// How long after a replica's cache changed a router reading KV-cache events hears of it.
+    pub kv_event_delay_ms: f64,
     /// Seed of each pipeline's scheduler.
     pub seed: u64,
     /// The config of each pipeline run from a file, in report order.
@@ -185,6 +207,7 @@ pub struct Summary {
     pub count: u64,
     pub mean: f64,
     pub p50: f64,
+    pub p90: f64,
     pub p99: f64,
 }
 
@@ -227,6 +250,7 @@ impl Summary {
             count: values.len() as u64,
             mean: values.iter().sum::<f64>() / values.len() as f64,
             p50: percentile(values, 50.0),
+            p90: percentile(values, 90.0),
             p99: percentile(values, 99.0),
         }
     }
@@ -376,6 +400,19 @@ impl PipelineReport {
                     start_ms,
                     done_ms,
                     duration_ms: done_ms - start_ms,
+                })
+                .collect(),
+            prefix_predictions: run
+                .predictions
+                .iter()
+                .map(|(producer, checked, sums)| PrefixPrediction {
+                    producer: producer.clone(),
+                    checked_requests: *checked,
+                    predicted_tokens: sums.predicted,
+                    cached_tokens: sums.cached,
+                    correct_tokens: sums.correct,
+                    precision: sums.precision(),
+                    recall: sums.recall(),
                 })
                 .collect(),
         }
@@ -569,7 +606,7 @@ fn aligned<R: AsRef<[String]>>(header: &[&str], rows: &[R]) -> String {
 
 /// One row per pipeline with the key figures, columns aligned, for a terminal.
 pub fn render_table(reports: &[PipelineReport]) -> String {
-    const HEADER: [&str; 13] = [
+    const HEADER: [&str; 14] = [
         "pipeline",
         "done",
         "rejected router/replica",
@@ -578,13 +615,14 @@ pub fn render_table(reports: &[PipelineReport]) -> String {
         "prefill tok",
         "ideal tok",
         "TTFT p50 ms",
+        "TTFT p90 ms",
         "TTFT p99 ms",
         "E2E p99 ms",
         "peak load max/mean",
         "requests/replica min-max",
         "prefills/prompt",
     ];
-    let rows: Vec<[String; 13]> = reports
+    let rows: Vec<[String; 14]> = reports
         .iter()
         .map(|r| {
             [
@@ -596,6 +634,7 @@ pub fn render_table(reports: &[PipelineReport]) -> String {
                 r.prefill_tokens_computed.to_string(),
                 r.prefill_tokens_ideal.to_string(),
                 format!("{:.1}", r.ttft_ms.p50),
+                format!("{:.1}", r.ttft_ms.p90),
                 format!("{:.1}", r.ttft_ms.p99),
                 format!("{:.1}", r.e2e_ms.p99),
                 format!("{}/{:.1}", r.replica_load.max, r.replica_load.mean),
@@ -605,6 +644,44 @@ pub fn render_table(reports: &[PipelineReport]) -> String {
             ]
         })
         .collect();
+    aligned(&HEADER, &rows)
+}
+
+/// One row per pipeline and prefix producer with how its predictions held (see
+/// [`PrefixPrediction`]), columns aligned, for a terminal; empty when no pipeline predicts.
+pub fn render_predictions_table(reports: &[PipelineReport]) -> String {
+    const HEADER: [&str; 8] = [
+        "pipeline",
+        "producer",
+        "checked",
+        "predicted tok",
+        "cached tok",
+        "correct tok",
+        "precision",
+        "recall",
+    ];
+    let share =
+        |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{:.1}%", v * 100.0));
+    let rows: Vec<[String; 8]> = reports
+        .iter()
+        .flat_map(|r| {
+            r.prefix_predictions.iter().map(|p| {
+                [
+                    r.name.clone(),
+                    p.producer.clone(),
+                    p.checked_requests.to_string(),
+                    p.predicted_tokens.to_string(),
+                    p.cached_tokens.to_string(),
+                    p.correct_tokens.to_string(),
+                    share(p.precision),
+                    share(p.recall),
+                ]
+            })
+        })
+        .collect();
+    if rows.is_empty() {
+        return String::new();
+    }
     aligned(&HEADER, &rows)
 }
 

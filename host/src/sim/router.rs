@@ -5,6 +5,10 @@ use std::fmt;
 use std::ops::Deref;
 use std::sync::Arc;
 
+use switchyard_plugin_api::kv::KvEvent;
+
+use crate::pipeline::Predicted;
+
 /// Prompt token ids, possibly shared with other requests: the first `len` ids of a reference
 /// counted buffer. The samples of one RL prompt share one buffer, and the turns of a
 /// multi-turn session are prefixes of the session's buffer, so a workload holds each distinct
@@ -110,6 +114,21 @@ pub struct Decision {
     pub replica: Option<usize>,
     /// Free-form explanation kept with the decision.
     pub note: Option<String>,
+    /// The prompt tokens each prefix producer expected the chosen replica to hold, checked
+    /// against what it held when the request's prefill was scheduled.
+    pub predicted: Predicted,
+}
+
+impl Decision {
+    /// `request` placed on `replica` (`None`: rejected), with no note and no prediction.
+    pub fn to(request: u64, replica: Option<usize>) -> Decision {
+        Decision {
+            request,
+            replica,
+            note: None,
+            predicted: Predicted::default(),
+        }
+    }
 }
 
 /// A routing policy under simulation.
@@ -131,6 +150,14 @@ pub trait SimRouter {
     fn poll(&mut self, now_ms: f64, fleet: &[ReplicaState], out: &mut Vec<Decision>);
     /// A request sent to `replica` finished its last output token.
     fn on_complete(&mut self, now_ms: f64, request: u64, replica: usize);
+    /// Whether the router reads the replicas' KV-cache events; the simulator records and
+    /// delivers them only to one that does.
+    fn takes_kv_events(&self) -> bool {
+        false
+    }
+    /// Events replica `replica` published, delivered at `now_ms` (their publication time plus
+    /// the fleet's event delay), in publication order.
+    fn kv_events(&mut self, _now_ms: f64, _replica: usize, _events: Vec<KvEvent>) {}
 }
 
 /// Sends request k to replica k mod R, in arrival order.
@@ -159,11 +186,7 @@ impl SimRouter for RoundRobin {
             self.next = r + 1;
             Some(r)
         };
-        self.decided.push(Decision {
-            request: req.id,
-            replica,
-            note: None,
-        });
+        self.decided.push(Decision::to(req.id, replica));
     }
 
     fn next_wakeup(&self) -> Option<f64> {
@@ -201,11 +224,7 @@ impl SimRouter for LeastInFlight {
             .enumerate()
             .min_by_key(|(i, s)| (s.in_flight, *i))
             .map(|(i, _)| i);
-        self.decided.push(Decision {
-            request: req.id,
-            replica,
-            note: None,
-        });
+        self.decided.push(Decision::to(req.id, replica));
     }
 
     fn next_wakeup(&self) -> Option<f64> {

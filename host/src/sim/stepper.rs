@@ -70,6 +70,16 @@ struct Seq {
     first_scheduled: f64,
 }
 
+/// A change to what the pool's prefix cache can find, as an engine announces it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BlockChange {
+    /// Block `block` of request `request`'s chain (its prompt continued over the output
+    /// tokens the workload knows) became findable.
+    Stored { request: usize, block: u32 },
+    /// The content with this chained hash was dropped to hand its block out again.
+    Removed(u64),
+}
+
 /// What the engine model adds to [`ReplicaStats`], and the accounting its checks compare.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct EngineTotals {
@@ -117,6 +127,8 @@ pub struct StepReplica {
     in_flight_tokens: u64,
     stats: ReplicaStats,
     totals: EngineTotals,
+    /// The pool's stores and evictions in order, when kept.
+    changes: Option<Vec<BlockChange>>,
 }
 
 impl StepReplica {
@@ -137,6 +149,21 @@ impl StepReplica {
             in_flight_tokens: 0,
             stats: ReplicaStats::default(),
             totals: EngineTotals::default(),
+            changes: None,
+        }
+    }
+
+    /// Keeps every store and eviction of the pool from now on, for
+    /// [`StepReplica::take_block_changes`].
+    pub fn keep_block_changes(&mut self) {
+        self.changes.get_or_insert_with(Vec::new);
+    }
+
+    /// Appends the stores and evictions since the last call to `out`, in the order they
+    /// happened.
+    pub fn take_block_changes(&mut self, out: &mut Vec<BlockChange>) {
+        if let Some(changes) = &mut self.changes {
+            out.append(changes);
         }
     }
 
@@ -287,8 +314,15 @@ impl StepReplica {
         let chain = store.full_chain(job);
         let known = (chain.len() as u32).min(full);
         for k in seq.registered..known {
-            self.pool
+            let stored = self
+                .pool
                 .register(seq.blocks[k as usize], chain[k as usize]);
+            if let (true, Some(changes)) = (stored, &mut self.changes) {
+                changes.push(BlockChange::Stored {
+                    request: job.request,
+                    block: k,
+                });
+            }
         }
         seq.registered = full;
     }
@@ -320,7 +354,13 @@ impl StepReplica {
         };
         let total = job.prompt_tokens + seq.generated;
         for _ in 0..want {
-            let b = self.pool.allocate().expect("blocks were checked free");
+            let (b, evicted) = self
+                .pool
+                .allocate_evicting()
+                .expect("blocks were checked free");
+            if let (Some(hash), Some(changes)) = (evicted, &mut self.changes) {
+                changes.push(BlockChange::Removed(hash));
+            }
             seq.blocks.push(b);
         }
         if is_decode(seq.generated, seq.computed, n, total) {

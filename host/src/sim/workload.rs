@@ -1,5 +1,6 @@
 //! Workloads the simulator replays: seeded synthetic generators (RL rollout bursts,
-//! shared-prefix groups, multi-turn sessions) and JSONL traces.
+//! shared-prefix groups, multi-turn sessions, many tenants under KV pressure) and JSONL
+//! traces.
 //!
 //! Every generator is open-loop: arrival times are fixed by the parameters and the seed, not by
 //! how fast the simulated fleet answers, so every pipeline sees exactly the same requests at
@@ -8,11 +9,13 @@
 //! by those times and numbered from 0.
 
 pub mod arrivals;
+mod kv_pressure;
 mod multi_turn;
 mod rl_rollout;
 mod shared_prefix;
 mod trace;
 
+pub use kv_pressure::KvPressureParams;
 pub use multi_turn::MultiTurnParams;
 pub use rl_rollout::RlRolloutParams;
 pub use shared_prefix::SharedPrefixParams;
@@ -33,6 +36,7 @@ pub enum Workload {
     RlRollout(RlRolloutParams),
     SharedPrefix(SharedPrefixParams),
     MultiTurn(MultiTurnParams),
+    KvPressure(KvPressureParams),
 }
 
 /// A workload that could not be built from a name and parameter overrides.
@@ -87,7 +91,8 @@ impl std::error::Error for WorkloadError {
 
 impl Workload {
     /// Names accepted by [`Workload::from_name`].
-    pub const NAMES: [&'static str; 3] = ["rl-rollout", "shared-prefix", "multi-turn"];
+    pub const NAMES: [&'static str; 4] =
+        ["rl-rollout", "shared-prefix", "multi-turn", "kv-pressure"];
 
     /// The workload called `name`, with `overrides` (a JSON object of camelCase parameters,
     /// `null` for none) decoded over its defaults and validated.
@@ -101,6 +106,7 @@ impl Workload {
             "rl-rollout" => Workload::RlRollout(decode(Self::NAMES[0], overrides)?),
             "shared-prefix" => Workload::SharedPrefix(decode(Self::NAMES[1], overrides)?),
             "multi-turn" => Workload::MultiTurn(decode(Self::NAMES[2], overrides)?),
+            "kv-pressure" => Workload::KvPressure(decode(Self::NAMES[3], overrides)?),
             _ => return Err(WorkloadError::UnknownName(name.to_string())),
         };
         workload
@@ -117,6 +123,7 @@ impl Workload {
             Workload::RlRollout(_) => Self::NAMES[0],
             Workload::SharedPrefix(_) => Self::NAMES[1],
             Workload::MultiTurn(_) => Self::NAMES[2],
+            Workload::KvPressure(_) => Self::NAMES[3],
         }
     }
 
@@ -126,6 +133,7 @@ impl Workload {
             Workload::RlRollout(p) => serde_json::to_value(p),
             Workload::SharedPrefix(p) => serde_json::to_value(p),
             Workload::MultiTurn(p) => serde_json::to_value(p),
+            Workload::KvPressure(p) => serde_json::to_value(p),
         };
         value.unwrap_or(serde_json::Value::Null)
     }
@@ -135,6 +143,7 @@ impl Workload {
             Workload::RlRollout(p) => p.validate(),
             Workload::SharedPrefix(p) => p.validate(),
             Workload::MultiTurn(p) => p.validate(),
+            Workload::KvPressure(p) => p.validate(),
         }
     }
 
@@ -144,6 +153,7 @@ impl Workload {
             Workload::RlRollout(p) => p.request_count(),
             Workload::SharedPrefix(p) => p.request_count(),
             Workload::MultiTurn(p) => p.request_count(),
+            Workload::KvPressure(p) => p.request_count(),
         }
     }
 
@@ -153,13 +163,14 @@ impl Workload {
     }
 
     /// The requests, in arrival order, numbered from 0, made as they are asked for where the
-    /// generator allows (`rl-rollout`, `shared-prefix`); the same every time. Parameters are
-    /// assumed validated.
+    /// generator allows (`rl-rollout`, `shared-prefix`, `kv-pressure`); the same every time.
+    /// Parameters are assumed validated.
     pub fn requests(&self) -> Box<dyn Iterator<Item = SimRequest> + '_> {
         match self {
             Workload::RlRollout(p) => Box::new(p.requests()),
             Workload::SharedPrefix(p) => Box::new(p.requests()),
             Workload::MultiTurn(p) => Box::new(p.generate().into_iter()),
+            Workload::KvPressure(p) => Box::new(p.requests()),
         }
     }
 
@@ -232,6 +243,21 @@ impl Workload {
                     + held * prompt * PER_TOKEN
                     + n.min(POISSON_IN_FLIGHT) * prompt * IN_FLIGHT_PER_TOKEN
             }
+            Workload::KvPressure(p) => {
+                let prefix = f64::from(p.prefix_tokens);
+                let question = mean(p.question_tokens_min, p.question_tokens_max);
+                let prompt = prefix + question;
+                let distinct = f64::from(p.tenants) * prefix + n * question;
+                let held = (1.0
+                    + p.requests_per_second * held_ms(p.arrival_spread_ms, p.arrival_jitter_ms)
+                        / 1000.0)
+                    .min(n);
+                n * PER_REQUEST
+                    + (n * prompt / BLOCK * 8.0 + distinct / BLOCK * (PER_BLOCK - 8.0))
+                    + f64::from(p.tenants) * prefix * PER_TOKEN
+                    + held * prompt * PER_TOKEN
+                    + n.min(POISSON_IN_FLIGHT) * prompt * IN_FLIGHT_PER_TOKEN
+            }
             Workload::MultiTurn(p) => {
                 let last = f64::from(p.system_prompt_tokens)
                     + f64::from(p.turns) * mean(p.user_tokens_min, p.user_tokens_max)
@@ -255,6 +281,7 @@ impl Workload {
                 "groups, promptsPerGroup, systemPromptTokens or questionTokens"
             }
             Workload::MultiTurn(_) => "sessions, turns, systemPromptTokens or userTokensMax",
+            Workload::KvPressure(_) => "requests, tenants, prefixTokens or questionTokensMax",
         }
     }
 
@@ -358,6 +385,11 @@ const PARAMETERS: &[&str] = &[
     "stepIntervalMs",
     "groups",
     "promptsPerGroup",
+    "tenants",
+    "requests",
+    "prefixTokens",
+    "questionTokensMin",
+    "questionTokensMax",
     "sessions",
     "turns",
     "systemPromptTokens",
@@ -393,16 +425,22 @@ fn valid_values(workload: &str, key: &str) -> Option<&'static str> {
         ("rl-rollout", "promptTokensMin" | "promptTokensMax")
         | ("rl-rollout" | "multi-turn", "outputTokensMin" | "outputTokensMax")
         | ("multi-turn", "userTokensMin" | "userTokensMax")
-        | ("shared-prefix", "outputTokens") => "an integer in 1..=1000000",
+        | ("shared-prefix", "outputTokens")
+        | (
+            "kv-pressure",
+            "prefixTokens" | "questionTokensMin" | "questionTokensMax" | "outputTokensMin"
+            | "outputTokensMax",
+        ) => "an integer in 1..=1000000",
+        ("kv-pressure", "tenants") => "an integer in 1..=100000",
+        ("kv-pressure", "requests") => "an integer in 1..=10000000",
         ("rl-rollout", "interleaved") => "true or false",
         ("shared-prefix", "groups" | "promptsPerGroup") | ("multi-turn", "sessions") => {
             "an integer in 1..=100000"
         }
         ("shared-prefix" | "multi-turn", "systemPromptTokens")
         | ("shared-prefix", "questionTokens") => "an integer in 0..=1000000",
-        ("shared-prefix", "requestsPerSecond") | ("multi-turn", "sessionsPerSecond") => {
-            "a number in (0, 1e6]"
-        }
+        ("shared-prefix" | "kv-pressure", "requestsPerSecond")
+        | ("multi-turn", "sessionsPerSecond") => "a number in (0, 1e6]",
         ("multi-turn", "turns") => "an integer in 1..=1000",
         _ => return common,
     };

@@ -546,7 +546,7 @@ fn help_names_values_defaults_and_the_environment() {
     let simulate = help(&["simulate"]);
     let workload = help_line(&simulate, "--workload");
     assert!(
-        workload.contains("[possible values: rl-rollout, shared-prefix, multi-turn]"),
+        workload.contains("[possible values: rl-rollout, shared-prefix, multi-turn, kv-pressure]"),
         "{workload}"
     );
     assert!(
@@ -589,7 +589,7 @@ fn help_names_values_defaults_and_the_environment() {
     assert!(!out.status.success());
     let err = stderr(&out);
     assert!(
-        err.contains("possible values: rl-rollout, shared-prefix, multi-turn"),
+        err.contains("possible values: rl-rollout, shared-prefix, multi-turn, kv-pressure"),
         "{err}"
     );
     let out = run(&["serve", "--log-format", "xml"]);

@@ -31,4 +31,5 @@ mod scorer_conformance;
 mod serve;
 mod serve_connections;
 mod serve_failures;
+mod simulate_kv_events;
 mod supply_chain;

@@ -76,6 +76,7 @@ fn round_robin_queues_behind_the_long_request() {
             count: 4,
             mean: 250.0,
             p50: 100.0,
+            p90: 700.0,
             p99: 700.0
         }
     );
@@ -85,6 +86,7 @@ fn round_robin_queues_behind_the_long_request() {
             count: 4,
             mean: 500.0,
             p50: 100.0,
+            p90: 1100.0,
             p99: 1100.0
         }
     );
@@ -94,6 +96,7 @@ fn round_robin_queues_behind_the_long_request() {
             count: 4,
             mean: 0.0,
             p50: 0.0,
+            p90: 0.0,
             p99: 0.0
         }
     );
@@ -122,6 +125,7 @@ fn least_in_flight_avoids_the_busy_replica() {
             count: 4,
             mean: 100.0,
             p50: 100.0,
+            p90: 100.0,
             p99: 100.0
         }
     );
@@ -131,6 +135,7 @@ fn least_in_flight_avoids_the_busy_replica() {
             count: 4,
             mean: 350.0,
             p50: 100.0,
+            p90: 1100.0,
             p99: 1100.0
         }
     );
@@ -149,11 +154,8 @@ impl SimRouter for ByGroup {
         "by-group"
     }
     fn submit(&mut self, _now: f64, req: &SimRequest, fleet: &[ReplicaState]) {
-        self.decided.push(Decision {
-            request: req.id,
-            replica: Some(req.group as usize % fleet.len()),
-            note: None,
-        });
+        self.decided
+            .push(Decision::to(req.id, Some(req.group as usize % fleet.len())));
     }
     fn next_wakeup(&self) -> Option<f64> {
         None
@@ -243,9 +245,8 @@ impl SimRouter for Windowed {
         if self.seal_at.is_some_and(|t| t <= now) {
             self.seal_at = None;
             out.extend(self.held.drain(..).map(|id| Decision {
-                request: id,
-                replica: Some(0),
                 note: Some("window sealed".into()),
+                ..Decision::to(id, Some(0))
             }));
         }
     }
@@ -287,11 +288,7 @@ impl SimRouter for Refuser {
     }
     fn submit(&mut self, _now: f64, req: &SimRequest, _fleet: &[ReplicaState]) {
         if self.decide {
-            self.held.push(Decision {
-                request: req.id,
-                replica: None,
-                note: None,
-            });
+            self.held.push(Decision::to(req.id, None));
         }
     }
     fn next_wakeup(&self) -> Option<f64> {
@@ -353,16 +350,8 @@ impl SimRouter for OutOfRange {
         None
     }
     fn poll(&mut self, _now: f64, fleet: &[ReplicaState], out: &mut Vec<Decision>) {
-        out.push(Decision {
-            request: 0,
-            replica: Some(fleet.len()),
-            note: None,
-        });
-        out.push(Decision {
-            request: 99,
-            replica: Some(0),
-            note: None,
-        });
+        out.push(Decision::to(0, Some(fleet.len())));
+        out.push(Decision::to(99, Some(0)));
     }
     fn on_complete(&mut self, _now: f64, _request: u64, _replica: usize) {}
 }
@@ -432,11 +421,11 @@ impl SimRouter for DecidesAtTheEnd {
     }
     fn poll(&mut self, now_ms: f64, _fleet: &[ReplicaState], out: &mut Vec<Decision>) {
         if now_ms >= 3.0 {
-            out.extend(self.held.drain(..).map(|request| Decision {
-                request,
-                replica: Some(0),
-                note: None,
-            }));
+            out.extend(
+                self.held
+                    .drain(..)
+                    .map(|request| Decision::to(request, Some(0))),
+            );
         }
     }
     fn on_complete(&mut self, _now_ms: f64, _request: u64, _replica: usize) {}
@@ -656,6 +645,7 @@ fn the_step_engine_serves_a_burst_in_shared_steps() {
             count: 4,
             mean: 22.0,
             p50: 17.0,
+            p90: 27.0,
             p99: 27.0
         }
     );

@@ -81,3 +81,22 @@ fn the_fixed_rate_fleet_keeps_the_old_model_with_fresh_metrics() {
     assert_eq!(default.describe(), "8 × h100x2-qwen3-32b");
     assert_eq!(default.scrape_interval_ms, 50.0);
 }
+
+#[test]
+fn the_kv_event_delay_is_fleet_wide_and_checked() {
+    assert_eq!(SimFleet::default_fleet(2).kv_event_delay_ms, 10.0);
+    let fleet = parse("kvEventDelayMs = 0\n[[groups]]\n").unwrap();
+    assert_eq!(fleet.kv_event_delay_ms, 0.0);
+    let fleet = parse("kvEventDelayMs = 2.5\n[[groups]]\n").unwrap();
+    assert_eq!(fleet.kv_event_delay_ms, 2.5);
+    let err = parse("scrapeIntervalMs = 5\nkvEventDelayMs = -3\n[[groups]]\n").unwrap_err();
+    assert_eq!(
+        err,
+        "fleet.toml:2: kvEventDelayMs must be in [0, 1000000] (got -3)"
+    );
+    let err = parse("kvEventDelayMs = \"soon\"\n[[groups]]\n").unwrap_err();
+    assert_eq!(
+        err,
+        "fleet.toml:1: kvEventDelayMs must be a number (got \"soon\")"
+    );
+}

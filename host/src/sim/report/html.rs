@@ -110,6 +110,7 @@ pub(super) fn page(run: &RunContext, reports: &[PipelineReport]) -> String {
         );
     }
     serving_table(&mut out, reports);
+    predictions_table(&mut out, reports);
 
     let steps = per_pipeline(reports, |r| {
         r.rl_steps
@@ -245,10 +246,10 @@ fn run_table(out: &mut String, run: &RunContext) {
     };
     rows.push(("fleet", fleet));
     rows.push((
-        "block size, scrape interval",
+        "block size, scrape interval, KV-event delay",
         format!(
-            "{} tokens, {} ms",
-            run.block_size_tokens, run.scrape_interval_ms
+            "{} tokens, {} ms, {} ms",
+            run.block_size_tokens, run.scrape_interval_ms, run.kv_event_delay_ms
         ),
     ));
     rows.push(("seed", run.seed.to_string()));
@@ -276,7 +277,7 @@ fn summary_table(out: &mut String, reports: &[PipelineReport]) {
         "<table>\n<tr><th>pipeline</th><th>completed</th><th>rejected by router</th>\
          <th>rejected by replica</th><th>unrouted</th>\
          <th>cache hit rate</th><th>prefill tokens</th><th>ideal (floor)</th>\
-         <th>TTFT p50 / p99 / mean (ms)</th><th>E2E p50 / p99 / mean (ms)</th>\
+         <th>TTFT p50 / p90 / p99 / mean (ms)</th><th>E2E p50 / p99 / mean (ms)</th>\
          <th>router wait p50 / p99 (ms)</th><th>peak load max / mean</th>\
          <th>prefills per prompt per step</th></tr>\n",
     );
@@ -284,7 +285,7 @@ fn summary_table(out: &mut String, reports: &[PipelineReport]) {
         let _ = writeln!(
             out,
             "<tr><td>{}</td><td>{}/{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}%</td><td>{}</td>\
-             <td>{}</td><td>{:.1} / {:.1} / {:.1}</td><td>{:.1} / {:.1} / {:.1}</td>\
+             <td>{}</td><td>{:.1} / {:.1} / {:.1} / {:.1}</td><td>{:.1} / {:.1} / {:.1}</td>\
              <td>{:.1} / {:.1}</td><td>{} / {:.1}</td><td>{}</td></tr>",
             escape(&r.name),
             r.completed,
@@ -296,6 +297,7 @@ fn summary_table(out: &mut String, reports: &[PipelineReport]) {
             r.prefill_tokens_computed,
             r.prefill_tokens_ideal,
             r.ttft_ms.p50,
+            r.ttft_ms.p90,
             r.ttft_ms.p99,
             r.ttft_ms.mean,
             r.e2e_ms.p50,
@@ -310,6 +312,44 @@ fn summary_table(out: &mut String, reports: &[PipelineReport]) {
         );
     }
     out.push_str("</table>\n");
+}
+
+/// Each prefix producer's predictions against what the replicas had cached, one row per
+/// pipeline and producer; nothing when no pipeline predicts.
+fn predictions_table(out: &mut String, reports: &[PipelineReport]) {
+    if reports.iter().all(|r| r.prefix_predictions.is_empty()) {
+        return;
+    }
+    out.push_str(
+        "<h2>Prefix predictions</h2>\n<table>\n<tr><th>pipeline</th><th>producer</th>\
+         <th>checked requests</th><th>predicted tokens</th><th>cached tokens</th>\
+         <th>correct tokens</th><th>precision</th><th>recall</th></tr>\n",
+    );
+    let share =
+        |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{:.1}%", v * 100.0));
+    for r in reports {
+        for p in &r.prefix_predictions {
+            let _ = writeln!(
+                out,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
+                 <td>{}</td><td>{}</td></tr>",
+                escape(&r.name),
+                escape(&p.producer),
+                p.checked_requests,
+                p.predicted_tokens,
+                p.cached_tokens,
+                p.correct_tokens,
+                share(p.precision),
+                share(p.recall),
+            );
+        }
+    }
+    out.push_str(
+        "</table>\n<p class=\"note\">Per request, the prompt tokens the producer expected the \
+         chosen replica to hold against those it found cached when the prefill was scheduled; \
+         correct tokens are the smaller of the two. Precision = correct / predicted, recall = \
+         correct / cached.</p>\n",
+    );
 }
 
 /// Throughput, goodput and where the time went, one row per pipeline.

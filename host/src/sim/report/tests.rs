@@ -22,6 +22,7 @@ fn nearest_rank_percentiles() {
             count: 4,
             mean: 4.0,
             p50: 2.0,
+            p90: 10.0,
             p99: 10.0
         }
     );
@@ -79,6 +80,7 @@ fn run_context() -> RunContext {
         }],
         block_size_tokens: 16,
         scrape_interval_ms: 0.0,
+        kv_event_delay_ms: 10.0,
         seed: 7,
         configs: vec![ConfigFile {
             pipeline: "test".into(),
@@ -126,6 +128,7 @@ fn report_json_has_the_documented_keys() {
             "profiles",
             "block_size_tokens",
             "scrape_interval_ms",
+            "kv_event_delay_ms",
             "seed",
             "configs",
         ])
@@ -168,8 +171,10 @@ fn report_json_has_the_documented_keys() {
             "utilisation",
             "rl_steps",
             "rl_step_total_ms",
+            "prefix_predictions",
         ])
     );
+    assert_eq!(first["prefix_predictions"], serde_json::json!([]));
     assert_eq!(
         keys(&first["throughput"]),
         sorted(&["requests_per_s", "output_tokens_per_s"])
@@ -202,7 +207,7 @@ fn report_json_has_the_documented_keys() {
     ] {
         assert_eq!(
             keys(&first[summary]),
-            sorted(&["count", "mean", "p50", "p99"])
+            sorted(&["count", "mean", "p50", "p90", "p99"])
         );
     }
     assert_eq!(
@@ -243,6 +248,89 @@ fn report_json_has_the_documented_keys() {
     }
     assert!(html.contains("Goodput counts completed requests"));
     assert!(!html.contains("<script"));
+    assert!(
+        !html.contains("Prefix predictions"),
+        "no table when nothing predicts"
+    );
+    assert_eq!(render_predictions_table(&reports), "");
+}
+
+#[test]
+fn prefix_predictions_are_shown_per_pipeline_and_producer() {
+    let mut reports = reports();
+    reports[1].prefix_predictions = vec![
+        PrefixPrediction {
+            producer: "kv-event-prefix-cache-producer".into(),
+            checked_requests: 6,
+            predicted_tokens: 400,
+            cached_tokens: 500,
+            correct_tokens: 400,
+            precision: Some(1.0),
+            recall: Some(0.8),
+        },
+        PrefixPrediction {
+            producer: "silent".into(),
+            checked_requests: 6,
+            predicted_tokens: 0,
+            cached_tokens: 500,
+            correct_tokens: 0,
+            precision: None,
+            recall: Some(0.0),
+        },
+    ];
+    let table = render_predictions_table(&reports);
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 3, "{table}");
+    assert!(lines[0].starts_with("pipeline") && lines[0].ends_with("precision  recall"));
+    let cells = |line: &str| {
+        line.split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        cells(lines[1]),
+        [
+            "least-in-flight",
+            "kv-event-prefix-cache-producer",
+            "6",
+            "400",
+            "500",
+            "400",
+            "100.0%",
+            "80.0%"
+        ]
+    );
+    assert_eq!(
+        cells(lines[2])[1..],
+        ["silent", "6", "0", "500", "0", "-", "0.0%"]
+    );
+    let dir =
+        std::env::temp_dir().join(format!("switchyard-sim-predictions-{}", std::process::id()));
+    write_reports(&dir, &run_context(), &reports).unwrap();
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(html.contains("<h2>Prefix predictions</h2>"));
+    assert!(html.contains(
+        "<tr><td>least-in-flight</td><td>kv-event-prefix-cache-producer</td><td>6</td>\
+         <td>400</td><td>500</td><td>400</td><td>100.0%</td><td>80.0%</td></tr>"
+    ));
+    let shown = &json["pipelines"][1]["prefix_predictions"];
+    assert_eq!(shown[0]["recall"], 0.8);
+    assert_eq!(shown[1]["precision"], serde_json::Value::Null);
+    assert_eq!(
+        keys(&shown[0]),
+        sorted(&[
+            "producer",
+            "checked_requests",
+            "predicted_tokens",
+            "cached_tokens",
+            "correct_tokens",
+            "precision",
+            "recall",
+        ])
+    );
 }
 
 #[test]
@@ -263,6 +351,7 @@ fn throughput_goodput_queue_and_step_figures() {
             count: 6,
             mean: 40.0 / 6.0,
             p50: 0.0,
+            p90: 20.0,
             p99: 20.0
         }
     );

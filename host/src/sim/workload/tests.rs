@@ -178,6 +178,103 @@ fn shared_prefix_defaults() {
 }
 
 #[test]
+fn kv_pressure_requests_are_a_tenants_prefix_and_a_question_of_their_own() {
+    let p = KvPressureParams {
+        tenants: 3,
+        prefix_tokens: 32,
+        question_tokens_min: 4,
+        question_tokens_max: 9,
+        output_tokens_min: 2,
+        output_tokens_max: 5,
+        requests: 60,
+        requests_per_second: 100.0,
+        arrival_spread_ms: 0.0,
+        arrival_jitter_ms: 0.0,
+        ..KvPressureParams::default()
+    };
+    p.validate().unwrap();
+    let w = p.generate();
+    assert_eq!(w.len(), 60);
+    assert_eq!(w[0].arrival_ms, 0.0);
+    assert_numbered_in_arrival_order(&w, "kv-pressure");
+    // 60 gaps of mean 10 ms.
+    let last = w.last().unwrap().arrival_ms;
+    assert!((300.0..1200.0).contains(&last), "{last}");
+    for r in &w {
+        assert!((36..=41).contains(&r.tokens.len()), "{}", r.tokens.len());
+        assert!((2..=5).contains(&r.output_tokens));
+        assert_eq!(r.step, None);
+        assert!(r.group < 3);
+    }
+    for t in 0..3u64 {
+        let members: Vec<_> = w.iter().filter(|r| r.group == t).collect();
+        assert!(members.len() >= 5, "tenant {t}: {}", members.len());
+        for r in &members {
+            assert_eq!(r.tokens[..32], members[0].tokens[..32]);
+        }
+    }
+    let prefix = |t: u64| w.iter().find(|r| r.group == t).unwrap().tokens[..32].to_vec();
+    assert_ne!(prefix(0), prefix(1));
+    assert_ne!(prefix(1), prefix(2));
+    let questions: std::collections::HashSet<Vec<u32>> =
+        w.iter().map(|r| r.tokens[32..].to_vec()).collect();
+    assert_eq!(questions.len(), 60, "every question is its own");
+    assert_eq!(p.generate(), w, "the same seed, the same requests");
+}
+
+#[test]
+fn kv_pressure_defaults_and_ranges() {
+    let p = KvPressureParams::default();
+    assert_eq!((p.tenants, p.prefix_tokens, p.requests), (200, 6000, 2000));
+    assert_eq!((p.question_tokens_min, p.question_tokens_max), (600, 1200));
+    assert_eq!((p.output_tokens_min, p.output_tokens_max), (1000, 2000));
+    assert_eq!(p.requests_per_second, 8.0);
+    p.validate().unwrap();
+    let err = |set: serde_json::Value| {
+        Workload::from_name("kv-pressure", set)
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        err(json!({"tenants": 0})),
+        "workload kv-pressure: tenants must be in 1..=100000 (got 0)"
+    );
+    assert_eq!(
+        err(json!({"prefixTokens": 0})),
+        "workload kv-pressure: prefixTokens must be in 1..=1000000 (got 0)"
+    );
+    assert_eq!(
+        err(json!({"questionTokensMin": 50, "questionTokensMax": 10})),
+        "workload kv-pressure: questionTokensMax must be >= questionTokensMin (50) (got 10)"
+    );
+    assert_eq!(
+        err(json!({"requests": 20000000})),
+        "workload kv-pressure: requests must be in 1..=10000000 (got 20000000)"
+    );
+    assert_eq!(
+        err(json!({"requestsPerSecond": 0})),
+        "workload kv-pressure: requestsPerSecond must be in (0, 1000000] (got 0)"
+    );
+    assert_eq!(
+        err(json!({"tenants": "many"})),
+        r#"workload kv-pressure: tenants must be an integer in 1..=100000 (got "many")"#
+    );
+    let w = Workload::from_name("kv-pressure", json!({"requests": 3})).unwrap();
+    assert_eq!(w.len(), 3);
+    assert_eq!(w.parameters()["tenants"], 200);
+    let big = Workload::from_name(
+        "kv-pressure",
+        json!({"requests": 10000000, "prefixTokens": 1000000}),
+    )
+    .unwrap();
+    let message = big.check_memory(1 << 30, "test").unwrap_err().to_string();
+    assert!(
+        message.contains("lower requests, tenants, prefixTokens or questionTokensMax"),
+        "{message}"
+    );
+}
+
+#[test]
 fn multi_turn_prompts_extend_the_previous_turn() {
     let p = MultiTurnParams {
         sessions: 2,
@@ -237,7 +334,8 @@ fn workloads_by_name_with_overrides() {
     let err = Workload::from_name("rl", json!({})).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "unknown workload `rl` (expected one of: rl-rollout, shared-prefix, multi-turn)"
+        "unknown workload `rl` (expected one of: rl-rollout, shared-prefix, multi-turn, \
+         kv-pressure)"
     );
     let err = Workload::from_name("rl-rollout", json!({"prompt": 2})).unwrap_err();
     assert!(
@@ -478,6 +576,7 @@ fn every_declared_parameter_is_known_and_an_unknown_one_lists_them() {
         ("rl-rollout", declared_fields::<RlRolloutParams>()),
         ("shared-prefix", declared_fields::<SharedPrefixParams>()),
         ("multi-turn", declared_fields::<MultiTurnParams>()),
+        ("kv-pressure", declared_fields::<KvPressureParams>()),
     ];
     for (workload, fields) in declared {
         assert!(fields.len() >= 5, "{workload}: {fields:?}");
@@ -534,6 +633,11 @@ fn small_workloads() -> Vec<(&'static str, serde_json::Value)> {
         (
             "multi-turn",
             json!({"sessions": 3, "turns": 4, "thinkTimeMs": 0}),
+        ),
+        (
+            "kv-pressure",
+            json!({"tenants": 4, "prefixTokens": 32, "questionTokensMin": 4,
+                   "questionTokensMax": 12, "requests": 40, "requestsPerSecond": 200}),
         ),
     ]
 }
@@ -699,6 +803,7 @@ fn no_spread_and_no_jitter_give_the_nominal_arrivals_bit_for_bit() {
             arrival_jitter_ms: 0.0,
             ..p
         }),
+        kv @ Workload::KvPressure(_) => kv,
     };
     let cases = [
         (
@@ -852,6 +957,11 @@ fn arrival_parameters_out_of_range_are_refused_by_name() {
         MultiTurnParams {
             arrival_spread_ms: f64::NAN,
             ..MultiTurnParams::default()
+        }
+        .validate(),
+        KvPressureParams {
+            arrival_jitter_ms: f64::NAN,
+            ..KvPressureParams::default()
         }
         .validate(),
         TraceParams {
