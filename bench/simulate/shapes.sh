@@ -29,9 +29,9 @@ rows() {
     "$bin" simulate --replicas "$replicas" "$@" 2>/dev/null |
         awk -v label="$label" -v replicas="$replicas" '
             NF == 0 { exit }
-            NR > 1 && NF >= 13 {
+            NR > 1 && NF >= 14 {
                 printf "| %s | %s | %s | %s | %s | %s | %s |\n",
-                    label, replicas, $1, $5, $9, $13, $12
+                    label, replicas, $1, $5, $10, $14, $13
             }'
 }
 
