@@ -21,7 +21,7 @@ pub use rl_rollout::RlRolloutParams;
 pub use shared_prefix::SharedPrefixParams;
 pub use trace::{parse_trace, prompt_to_tokens, read_trace, TraceError, TraceParams};
 
-use super::config::ParamError;
+use super::config::{check_range, ParamError};
 use super::router::SimRequest;
 use rand::rngs::SmallRng;
 use rand::Rng;
@@ -194,11 +194,24 @@ impl Workload {
         const BLOCK: f64 = 16.0;
         /// Requests assumed in flight at once under Poisson arrivals.
         const POISSON_IN_FLIGHT: f64 = 4096.0;
+        let n = self.len() as f64;
         let mean = |min: u32, max: u32| (f64::from(min) + f64::from(max)) / 2.0;
         // How long the client model may hold a request back: its spread and, practically,
         // all of its exponential jitter.
         let held_ms = |spread: f64, jitter: f64| spread + 20.0 * jitter;
-        let n = self.len() as f64;
+        // Poisson arrivals of `groups` shared prefixes, each request adding a question of its
+        // own: the prefixes once, each question's blocks, the requests held back by the
+        // client model and a fleet's worth in flight.
+        let prefixed_poisson = |groups: f64, prefix: f64, question: f64, rps: f64, held: f64| {
+            let prompt = prefix + question;
+            let distinct = groups * prefix + n * question;
+            let held = (1.0 + rps * held / 1000.0).min(n);
+            n * PER_REQUEST
+                + (n * prompt / BLOCK * 8.0 + distinct / BLOCK * (PER_BLOCK - 8.0))
+                + groups * prefix * PER_TOKEN
+                + held * prompt * PER_TOKEN
+                + n.min(POISSON_IN_FLIGHT) * prompt * IN_FLIGHT_PER_TOKEN
+        };
         let bytes = match self {
             Workload::RlRollout(p) => {
                 let prompt = mean(p.prompt_tokens_min, p.prompt_tokens_max);
@@ -229,35 +242,20 @@ impl Workload {
                     + overlapping * f64::from(p.prompts) * prompt * PER_TOKEN
                     + together * prompt * IN_FLIGHT_PER_TOKEN
             }
-            Workload::SharedPrefix(p) => {
-                let system = f64::from(p.system_prompt_tokens);
-                let prompt = system + f64::from(p.question_tokens);
-                let distinct = f64::from(p.groups) * system + n * f64::from(p.question_tokens);
-                let held = (1.0
-                    + p.requests_per_second * held_ms(p.arrival_spread_ms, p.arrival_jitter_ms)
-                        / 1000.0)
-                    .min(n);
-                n * PER_REQUEST
-                    + (n * prompt / BLOCK * 8.0 + distinct / BLOCK * (PER_BLOCK - 8.0))
-                    + f64::from(p.groups) * system * PER_TOKEN
-                    + held * prompt * PER_TOKEN
-                    + n.min(POISSON_IN_FLIGHT) * prompt * IN_FLIGHT_PER_TOKEN
-            }
-            Workload::KvPressure(p) => {
-                let prefix = f64::from(p.prefix_tokens);
-                let question = mean(p.question_tokens_min, p.question_tokens_max);
-                let prompt = prefix + question;
-                let distinct = f64::from(p.tenants) * prefix + n * question;
-                let held = (1.0
-                    + p.requests_per_second * held_ms(p.arrival_spread_ms, p.arrival_jitter_ms)
-                        / 1000.0)
-                    .min(n);
-                n * PER_REQUEST
-                    + (n * prompt / BLOCK * 8.0 + distinct / BLOCK * (PER_BLOCK - 8.0))
-                    + f64::from(p.tenants) * prefix * PER_TOKEN
-                    + held * prompt * PER_TOKEN
-                    + n.min(POISSON_IN_FLIGHT) * prompt * IN_FLIGHT_PER_TOKEN
-            }
+            Workload::SharedPrefix(p) => prefixed_poisson(
+                f64::from(p.groups),
+                f64::from(p.system_prompt_tokens),
+                f64::from(p.question_tokens),
+                p.requests_per_second,
+                held_ms(p.arrival_spread_ms, p.arrival_jitter_ms),
+            ),
+            Workload::KvPressure(p) => prefixed_poisson(
+                f64::from(p.tenants),
+                f64::from(p.prefix_tokens),
+                mean(p.question_tokens_min, p.question_tokens_max),
+                p.requests_per_second,
+                held_ms(p.arrival_spread_ms, p.arrival_jitter_ms),
+            ),
             Workload::MultiTurn(p) => {
                 let last = f64::from(p.system_prompt_tokens)
                     + f64::from(p.turns) * mean(p.user_tokens_min, p.user_tokens_max)
@@ -517,13 +515,15 @@ fn number_by_arrival(mut requests: Vec<SimRequest>) -> Vec<SimRequest> {
     requests
 }
 
-/// Checks `min <= max` for a pair of range parameters.
-fn check_order(
-    max_field: &'static str,
+/// Checks a pair of token-count parameters: each in 1..=1000000, and `min <= max`.
+fn check_token_span(
     min_field: &'static str,
+    max_field: &'static str,
     min: u32,
     max: u32,
 ) -> Result<(), ParamError> {
+    check_range(min_field, min, 1, 1_000_000)?;
+    check_range(max_field, max, 1, 1_000_000)?;
     if max < min {
         return Err(ParamError::new(
             max_field,

@@ -469,14 +469,14 @@ impl BurstProducer {
                     // met earlier in this window (one system prompt, different questions)
                     // goes with it: both are still uncached, and apart they would be
                     // prefilled twice.
-                    let relative = (!plan.knows(key))
-                        .then(|| {
-                            members
-                                .iter()
-                                .take(MAX_RELATIVE_CHECKS)
-                                .position(|earlier| mostly_shared(entries[earlier[0]], entry))
-                        })
-                        .flatten();
+                    let relative = if plan.knows(key) {
+                        None
+                    } else {
+                        members
+                            .iter()
+                            .take(MAX_RELATIVE_CHECKS)
+                            .position(|earlier| mostly_shared(entries[earlier[0]], entry))
+                    };
                     let g = relative.unwrap_or_else(|| {
                         keys.push(key);
                         members.push(Vec::new());

@@ -6,7 +6,7 @@
 use super::arrivals::{
     check_arrival_params, Arrivals, Delays, DEFAULT_JITTER_MS, DEFAULT_SPREAD_MS,
 };
-use super::{check_order, exponential, push_random_tokens};
+use super::{check_token_span, exponential, push_random_tokens};
 use crate::sim::config::{check_float, check_range, ParamError};
 use crate::sim::router::SimRequest;
 use rand::rngs::SmallRng;
@@ -71,19 +71,15 @@ impl KvPressureParams {
     pub fn validate(&self) -> Result<(), ParamError> {
         check_range("tenants", self.tenants, 1, 100_000)?;
         check_range("prefixTokens", self.prefix_tokens, 1, 1_000_000)?;
-        check_range("questionTokensMin", self.question_tokens_min, 1, 1_000_000)?;
-        check_range("questionTokensMax", self.question_tokens_max, 1, 1_000_000)?;
-        check_order(
-            "questionTokensMax",
+        check_token_span(
             "questionTokensMin",
+            "questionTokensMax",
             self.question_tokens_min,
             self.question_tokens_max,
         )?;
-        check_range("outputTokensMin", self.output_tokens_min, 1, 1_000_000)?;
-        check_range("outputTokensMax", self.output_tokens_max, 1, 1_000_000)?;
-        check_order(
-            "outputTokensMax",
+        check_token_span(
             "outputTokensMin",
+            "outputTokensMax",
             self.output_tokens_min,
             self.output_tokens_max,
         )?;

@@ -2,7 +2,7 @@
 //! new user message.
 
 use super::arrivals::{check_arrival_params, Delays, DEFAULT_JITTER_MS, DEFAULT_SPREAD_MS};
-use super::{check_order, exponential, number_by_arrival, push_random_tokens};
+use super::{check_token_span, exponential, number_by_arrival, push_random_tokens};
 use crate::sim::config::{check_float, check_range, ParamError};
 use crate::sim::router::{SimRequest, Tokens};
 use rand::rngs::SmallRng;
@@ -87,19 +87,15 @@ impl MultiTurnParams {
             0,
             1_000_000,
         )?;
-        check_range("userTokensMin", self.user_tokens_min, 1, 1_000_000)?;
-        check_range("userTokensMax", self.user_tokens_max, 1, 1_000_000)?;
-        check_order(
-            "userTokensMax",
+        check_token_span(
             "userTokensMin",
+            "userTokensMax",
             self.user_tokens_min,
             self.user_tokens_max,
         )?;
-        check_range("outputTokensMin", self.output_tokens_min, 1, 1_000_000)?;
-        check_range("outputTokensMax", self.output_tokens_max, 1, 1_000_000)?;
-        check_order(
-            "outputTokensMax",
+        check_token_span(
             "outputTokensMin",
+            "outputTokensMax",
             self.output_tokens_min,
             self.output_tokens_max,
         )?;

@@ -4,7 +4,7 @@
 use super::arrivals::{
     check_arrival_params, Arrivals, Delays, DEFAULT_JITTER_MS, DEFAULT_SPREAD_MS,
 };
-use super::{check_order, push_random_tokens};
+use super::{check_token_span, push_random_tokens};
 use crate::sim::config::{check_float, check_range, ParamError};
 use crate::sim::router::{SimRequest, Tokens};
 use rand::rngs::SmallRng;
@@ -82,19 +82,15 @@ impl RlRolloutParams {
         check_range("samples", self.samples, 1, 10_000)?;
         check_range("steps", self.steps, 1, 100_000)?;
         check_float("stepIntervalMs", self.step_interval_ms, 0.0, false, 1e9)?;
-        check_range("promptTokensMin", self.prompt_tokens_min, 1, 1_000_000)?;
-        check_range("promptTokensMax", self.prompt_tokens_max, 1, 1_000_000)?;
-        check_order(
-            "promptTokensMax",
+        check_token_span(
             "promptTokensMin",
+            "promptTokensMax",
             self.prompt_tokens_min,
             self.prompt_tokens_max,
         )?;
-        check_range("outputTokensMin", self.output_tokens_min, 1, 1_000_000)?;
-        check_range("outputTokensMax", self.output_tokens_max, 1, 1_000_000)?;
-        check_order(
-            "outputTokensMax",
+        check_token_span(
             "outputTokensMin",
+            "outputTokensMax",
             self.output_tokens_min,
             self.output_tokens_max,
         )?;
