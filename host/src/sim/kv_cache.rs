@@ -2,29 +2,8 @@
 
 use super::index_list::IndexList;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
-/// Block hashes are XXH64 outputs, already uniformly spread, so the map uses them as they are.
-#[derive(Default)]
-pub(crate) struct PassThroughHasher(u64);
-
-impl Hasher for PassThroughHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v;
-    }
-}
-
-pub(crate) type HashBuild = BuildHasherDefault<PassThroughHasher>;
+use crate::block_hash_map::HashBuild;
 
 /// LRU set of block hashes with O(1) lookup, touch and insert.
 #[derive(Debug)]

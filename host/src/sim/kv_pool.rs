@@ -5,7 +5,7 @@
 //! freed first, so cached content is evicted in LRU order and only when nothing else is free.
 
 use super::index_list::IndexList;
-use super::kv_cache::HashBuild;
+use crate::block_hash_map::HashBuild;
 use std::collections::HashMap;
 
 #[derive(Debug, Clone, Copy)]

@@ -50,6 +50,29 @@ pub fn hash_prompt_into(
     count
 }
 
+/// Like [`hash_prompt_into`] (same blocks, same chaining, no block limit), but each block's
+/// content is hashed with XXH3, about twice as fast on long prompts. The hashes agree with
+/// nothing outside this process: for comparing prompts with each other, never with the
+/// reference's or an engine's hashes.
+pub fn hash_prompt_local_into(
+    seed: u64,
+    tokens: &[u32],
+    block_size: usize,
+    out: &mut Vec<u64>,
+) -> usize {
+    let count = block_count(tokens.len(), block_size, usize::MAX);
+    if count == 0 {
+        return 0;
+    }
+    out.reserve(count);
+    let mut prev = seed;
+    for block in tokens.chunks(block_size) {
+        prev = chain(local_content_hash(block), prev);
+        out.push(prev);
+    }
+    count
+}
+
 /// How many hashes [`hash_prompt_into`] appends for a prompt of `tokens` tokens, without
 /// hashing: one per started block of `block_size` tokens, at most `max_blocks`, and none when
 /// `block_size` or `max_blocks` is 0 or the prompt is empty.
@@ -97,6 +120,23 @@ fn content_hash(tokens: &[u32]) -> u64 {
     #[cfg(not(target_endian = "little"))]
     {
         content_hash_portable(tokens)
+    }
+}
+
+/// XXH3 of a block's tokens as little-endian `u32` bytes where that is their memory layout;
+/// elsewhere [`content_hash`].
+fn local_content_hash(tokens: &[u32]) -> u64 {
+    #[cfg(target_endian = "little")]
+    {
+        // SAFETY: as in `content_hash`.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(tokens.as_ptr().cast::<u8>(), std::mem::size_of_val(tokens))
+        };
+        xxhash_rust::xxh3::xxh3_64(bytes)
+    }
+    #[cfg(not(target_endian = "little"))]
+    {
+        content_hash(tokens)
     }
 }
 

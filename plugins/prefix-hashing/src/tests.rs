@@ -231,3 +231,24 @@ fn chain_is_xxh64_of_the_two_hashes() {
         assert_eq!(chain(content, prev), chain_reference(content, prev));
     }
 }
+
+#[test]
+fn local_hashes_chain_like_the_reference_hashes_over_the_same_blocks() {
+    let tokens: Vec<u32> = (0..300).collect();
+    let mut other = tokens.clone();
+    other[200] = 7;
+    let (mut a, mut b, mut reference) = (Vec::new(), Vec::new(), Vec::new());
+    assert_eq!(hash_prompt_local_into(9, &tokens, 64, &mut a), 5);
+    assert_eq!(hash_prompt_local_into(9, &other, 64, &mut b), 5);
+    hash_prompt_into(9, &tokens, 64, usize::MAX, &mut reference);
+    assert_eq!(a.len(), reference.len());
+    assert_ne!(a, reference, "another content hash");
+    // Shared up to the block holding token 200 (the fourth), different from there on.
+    assert_eq!(a[..3], b[..3]);
+    assert!(a[3..].iter().zip(&b[3..]).all(|(x, y)| x != y));
+    let mut seeded = Vec::new();
+    hash_prompt_local_into(10, &tokens, 64, &mut seeded);
+    assert!(seeded.iter().zip(&a).all(|(x, y)| x != y));
+    assert_eq!(hash_prompt_local_into(9, &[], 64, &mut a), 0);
+    assert_eq!(hash_prompt_local_into(9, &tokens, 0, &mut a), 0);
+}

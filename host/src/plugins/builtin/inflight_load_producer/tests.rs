@@ -10,6 +10,7 @@ use crate::plugins::builtin::testing::{
 };
 
 const ONE_HUNDRED: [u32; 100] = [7; 100];
+const OTHER_HUNDRED: [u32; 100] = [8; 100];
 const THREE: [u32; 3] = [1, 2, 3];
 
 /// Three candidates whose host indexes differ from their slots.
@@ -229,8 +230,11 @@ fn a_release_subtracts_the_estimate_it_added() {
     let prompts = [PromptTokens {
         tokens: RSlice::from_slice(&ONE_HUNDRED),
     }];
+    let other = [PromptTokens {
+        tokens: RSlice::from_slice(&OTHER_HUNDRED),
+    }];
     let a = request("a", &prompts, -1, 0);
-    let b = request("b", &prompts, 7, 0);
+    let b = request("b", &other, 7, 0);
     instance.dispatched(&a, &endpoints[1]).unwrap();
     instance.dispatched(&b, &endpoints[1]).unwrap();
     assert_eq!(loads(&instance, &endpoints)[1], (2, 140 + 107));
@@ -252,8 +256,11 @@ fn a_successor_with_other_parameters_releases_the_charges_it_took_over() {
     let prompts = [PromptTokens {
         tokens: RSlice::from_slice(&ONE_HUNDRED),
     }];
+    let other = [PromptTokens {
+        tokens: RSlice::from_slice(&OTHER_HUNDRED),
+    }];
     let a = request("a", &prompts, -1, 0);
-    let b = request("b", &prompts, -1, 0);
+    let b = request("b", &other, -1, 0);
     before.dispatched(&a, &endpoints[1]).unwrap();
     before.dispatched(&a, &endpoints[2]).unwrap();
     before.dispatched(&b, &endpoints[1]).unwrap();
@@ -388,4 +395,149 @@ fn the_produced_value_is_an_in_flight_load() {
 #[test]
 fn is_registered() {
     assert_registered(&FACTORY);
+}
+
+/// `n` distinct token ids starting at `from`.
+fn tokens(from: u32, n: u32) -> Vec<u32> {
+    (from..from + n).collect()
+}
+
+#[test]
+fn samples_of_one_prompt_on_one_endpoint_charge_its_tokens_once() {
+    let instance = create(&FACTORY, r#"{"blockSizeTokens": 16}"#);
+    let endpoints = candidates();
+    let prompt = tokens(0, 100);
+    let prompts = [PromptTokens {
+        tokens: RSlice::from_slice(&prompt),
+    }];
+    for id in ["a", "b", "c"] {
+        instance
+            .dispatched(&request(id, &prompts, -1, 0), &endpoints[1])
+            .unwrap();
+    }
+    instance
+        .dispatched(&request("d", &prompts, -1, 0), &endpoints[2])
+        .unwrap();
+    assert_eq!(loads(&instance, &endpoints), [(0, 0), (3, 100), (1, 100)]);
+
+    // The first sample leaving releases its charge; the others still hold the prompt, so a new
+    // sample there is not charged again.
+    let a = request("a", &prompts, -1, 0);
+    instance
+        .completed(&a, &endpoints[1], Outcome::Finished)
+        .unwrap();
+    assert_eq!(loads(&instance, &endpoints)[1], (2, 0));
+    instance
+        .dispatched(&request("e", &prompts, -1, 0), &endpoints[1])
+        .unwrap();
+    assert_eq!(loads(&instance, &endpoints)[1], (3, 0));
+    // Once none of them is in flight, the prompt is charged whole again.
+    for id in ["b", "c", "e"] {
+        instance
+            .completed(
+                &request(id, &prompts, -1, 0),
+                &endpoints[1],
+                Outcome::Finished,
+            )
+            .unwrap();
+    }
+    assert_eq!(loads(&instance, &endpoints)[1], (0, 0));
+    instance
+        .dispatched(&request("f", &prompts, -1, 0), &endpoints[1])
+        .unwrap();
+    assert_eq!(loads(&instance, &endpoints)[1], (1, 100));
+}
+
+#[test]
+fn a_prompt_sharing_leading_blocks_is_charged_from_its_first_new_block() {
+    let instance = create(&FACTORY, r#"{"blockSizeTokens": 16}"#);
+    let endpoints = candidates();
+    let system = tokens(0, 100);
+    let mut question = tokens(0, 40);
+    question.extend(tokens(5_000, 60));
+    let (first, second) = (
+        [PromptTokens {
+            tokens: RSlice::from_slice(&system),
+        }],
+        [PromptTokens {
+            tokens: RSlice::from_slice(&question),
+        }],
+    );
+    instance
+        .dispatched(&request("a", &first, -1, 0), &endpoints[0])
+        .unwrap();
+    instance
+        .dispatched(&request("b", &second, -1, 0), &endpoints[0])
+        .unwrap();
+    // Two whole blocks of 16 are shared; the third differs from its 9th token on.
+    assert_eq!(loads(&instance, &endpoints)[0], (2, 100 + 100 - 32));
+}
+
+#[test]
+fn another_model_or_salt_shares_nothing() {
+    let instance = create(&FACTORY, r#"{"blockSizeTokens": 16}"#);
+    let endpoints = candidates();
+    let prompt = tokens(0, 64);
+    let prompts = [PromptTokens {
+        tokens: RSlice::from_slice(&prompt),
+    }];
+    instance
+        .dispatched(&request("a", &prompts, -1, 0), &endpoints[0])
+        .unwrap();
+    let mut salted = request("b", &prompts, -1, 0);
+    salted.cache_salt = "tenant".into();
+    instance.dispatched(&salted, &endpoints[0]).unwrap();
+    assert_eq!(loads(&instance, &endpoints)[0], (2, 128));
+}
+
+#[test]
+fn block_size_zero_charges_every_prompt_whole() {
+    let instance = create(&FACTORY, r#"{"blockSizeTokens": 0}"#);
+    let endpoints = candidates();
+    let prompts = [PromptTokens {
+        tokens: RSlice::from_slice(&ONE_HUNDRED),
+    }];
+    for id in ["a", "b"] {
+        instance
+            .dispatched(&request(id, &prompts, -1, 0), &endpoints[0])
+            .unwrap();
+    }
+    assert_eq!(loads(&instance, &endpoints)[0], (2, 200));
+    let error = create_error(&FACTORY, r#"{"blockSizeTokens": 2000000}"#);
+    assert_eq!(error.field.as_str(), "blockSizeTokens");
+    assert!(error.message.contains("0..=1048576"), "{error}");
+}
+
+#[test]
+fn a_successor_keeps_the_shared_blocks_it_took_over() {
+    let before = create(&FACTORY, "null");
+    let endpoints = candidates();
+    let prompt = tokens(0, 200);
+    let prompts = [PromptTokens {
+        tokens: RSlice::from_slice(&prompt),
+    }];
+    before
+        .dispatched(&request("a", &prompts, -1, 0), &endpoints[0])
+        .unwrap();
+    let exported = before.extension("export_state", "").unwrap();
+    let after = create(&FACTORY, "null");
+    after.extension("import_state", &exported).unwrap();
+    after
+        .dispatched(&request("b", &prompts, -1, 0), &endpoints[0])
+        .unwrap();
+    assert_eq!(loads(&after, &endpoints)[0], (2, 200));
+
+    // An export without blocks (from a version that kept none) still loads and releases.
+    let plain = r#"{"open": [{"request": "a", "charges": [[5, 200]]}]}"#;
+    let older = create(&FACTORY, "null");
+    older.extension("import_state", plain).unwrap();
+    assert_eq!(loads(&older, &endpoints)[0], (1, 200));
+    older
+        .completed(
+            &request("a", &prompts, -1, 0),
+            &endpoints[0],
+            Outcome::Finished,
+        )
+        .unwrap();
+    assert_eq!(loads(&older, &endpoints)[0], (0, 0));
 }
