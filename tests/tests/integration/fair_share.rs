@@ -99,3 +99,100 @@ fn requests_that_share_nothing_are_spread_evenly() {
     assert_eq!(counts.len(), 4, "{counts:?}");
     assert!(counts.values().all(|&n| n == 8), "{counts:?}");
 }
+
+/// Replays `requests` (`(arrival ms, prompt index, prompt tokens)`, one request each) through
+/// `config` with decision records; returns each request's prompt index, endpoint and the
+/// burst-affinity filter's note.
+fn place_records(
+    tag: &str,
+    config: &str,
+    requests: &[(f64, usize, usize)],
+) -> Vec<(usize, String, String)> {
+    let dir = temp_dir(tag);
+    let input = dir.join("requests.jsonl");
+    let lines: Vec<String> = requests
+        .iter()
+        .enumerate()
+        .map(|(i, &(at, p, length))| {
+            let tokens: Vec<u32> = (0..length as u32).map(|t| p as u32 * 100_000 + t).collect();
+            serde_json::json!({"arrival_ms": at, "id": format!("r{i}"), "tokens": tokens})
+                .to_string()
+        })
+        .collect();
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let output = Command::new(binary())
+        .args(["replay", "--config", config, "--plugin-dir"])
+        .arg(plugin_dir())
+        .arg("--input")
+        .arg(&input)
+        .current_dir(workspace_root())
+        .output()
+        .expect("switchyard runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut placed = Vec::new();
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let value: serde_json::Value = serde_json::from_str(line).unwrap();
+        let index: usize = value["id"].as_str().unwrap()[1..].parse().unwrap();
+        let endpoint = value["endpoints"][0].as_str().expect("placed").to_string();
+        let note = value["decision"]["filters"][0]["note"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        placed.push((requests[index].1, endpoint, note));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+    placed
+}
+
+#[test]
+fn a_burst_cut_into_windows_keeps_the_plans_balance_past_the_load_gate() {
+    // Unequal groups with prompts of unequal lengths, sent in five pauses-apart waves as a
+    // lagging client delivers them: the plan must split the largest groups over windows, and
+    // the filter's load gate must not pull the split-off samples back to their first replica
+    // (the samples of one prompt on one replica are one prefill, not one each).
+    let sizes = [48usize, 4, 32, 12, 40, 8, 28, 16];
+    let mut order: Vec<usize> = sizes
+        .iter()
+        .enumerate()
+        .flat_map(|(g, &n)| std::iter::repeat_n(g, n))
+        .collect();
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    for i in (1..order.len()).rev() {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        order.swap(i, (state >> 33) as usize % (i + 1));
+    }
+    let waves = [0.0, 12.0, 24.0, 36.0, 48.0];
+    let requests: Vec<(f64, usize, usize)> = order
+        .iter()
+        .enumerate()
+        .map(|(k, &g)| {
+            let wave = waves[k * waves.len() / order.len()];
+            (wave + (k % 40) as f64 * 0.02, g, 700 + 450 * g)
+        })
+        .collect();
+    let placed = place_records("gate", "configs/default.toml", &requests);
+    let released: Vec<&String> = placed
+        .iter()
+        .map(|(_, _, note)| note)
+        .filter(|note| note.contains("released"))
+        .collect();
+    assert!(released.is_empty(), "the gate released {released:?}");
+    let mut counts = BTreeMap::new();
+    for (_, endpoint, _) in &placed {
+        *counts.entry(endpoint.clone()).or_insert(0usize) += 1;
+    }
+    let fair = order.len() as f64 / 4.0;
+    assert_eq!(counts.len(), 4, "{counts:?}");
+    assert!(
+        counts
+            .values()
+            .all(|&n| (n as f64 - fair).abs() <= (0.1 * fair).max(2.0)),
+        "fair share {fair}: {counts:?}"
+    );
+}
