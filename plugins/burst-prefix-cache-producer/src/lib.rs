@@ -10,6 +10,7 @@ pub mod assign;
 pub mod burst_plan;
 pub mod config;
 pub mod fair_share;
+pub mod other_traffic;
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -27,6 +28,7 @@ use assign::{assign, Replica};
 use burst_plan::{BurstPlan, GroupKey, WindowGroup};
 use config::{Assignment, BurstConfig};
 use fair_share::assign_fair_share;
+use other_traffic::OtherTraffic;
 
 /// The plan, even when a call that held it panicked: every step leaves it usable, though a
 /// panic inside a rebalance can leave one group's parts adding up to less than 1 (its members
@@ -143,9 +145,10 @@ pub static FACTORY: PluginFactory = PluginFactory {
             default: "\"\"",
             range: "empty | a producer of InFlightLoad",
             description: "Switchyard's: a producer of in-flight counts (such as \
-                          inflight-load-producer); a replica's carried load is then the larger \
-                          of its reported running requests and the requests in flight to it. \
-                          Empty: the reported running requests only.",
+                          inflight-load-producer); a replica's carried load is then the requests \
+                          in flight to it plus the least excess of its reported running requests \
+                          over them seen in the last 2 to 4 s. Empty: the reported running \
+                          requests only.",
         },
         Param {
             name: "groupMemoryMs",
@@ -169,6 +172,7 @@ fn create(instance_name: &str, parameters: &str) -> Result<Instance, PluginError
         name: instance_name.to_owned(),
         config,
         plan,
+        other_traffic: Mutex::new(OtherTraffic::default()),
     }))
 }
 
@@ -178,6 +182,7 @@ struct BurstProducer {
     name: String,
     config: BurstConfig,
     plan: Option<Mutex<BurstPlan>>,
+    other_traffic: Mutex<OtherTraffic>,
 }
 
 impl Producer for BurstProducer {
@@ -517,8 +522,9 @@ impl BurstProducer {
     }
 
     /// The replicas a batch is spread over, with the load each carries: its reported running
-    /// requests, or the requests in flight to it when `inFlightProducerName` is set and that
-    /// is larger (read from `sent_from`'s row, the request whose candidates these are).
+    /// requests or, when `inFlightProducerName` is set, the requests in flight to it (read from
+    /// `sent_from`'s row, the request whose candidates these are) plus the other traffic its
+    /// reports show ([`OtherTraffic`]).
     fn replicas<'a>(
         &self,
         spread_over: &'a [EndpointView],
@@ -529,16 +535,34 @@ impl BurstProducer {
             .in_flight_producer()
             .map(|_| consumes_in_flight(&self.config))
             .zip(sent_from);
+        let mut other = in_flight.map(|_| {
+            self.other_traffic
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+        });
         spread_over
             .iter()
             .map(|endpoint| {
                 let reported = u64::from(endpoint.metrics.running_requests);
-                let sent = in_flight
-                    .and_then(|(key, item)| item.attrs.get(key, endpoint)?.in_flight_load())
-                    .map_or(0, |load| u64::try_from(load.requests).unwrap_or(0));
+                let running = match (in_flight, other.as_mut()) {
+                    (Some((key, item)), Some(other)) => {
+                        let sent = item
+                            .attrs
+                            .get(key, endpoint)
+                            .and_then(AttrValue::in_flight_load)
+                            .map_or(0, |load| u64::try_from(load.requests).unwrap_or(0));
+                        let excess = other.observe(
+                            endpoint.host_index as usize,
+                            item.request.now_ms,
+                            reported.saturating_sub(sent),
+                        );
+                        sent + excess
+                    }
+                    _ => reported,
+                };
                 Replica {
                     id: endpoint.id.as_str(),
-                    running_requests: reported.max(sent),
+                    running_requests: running,
                 }
             })
             .collect()

@@ -196,3 +196,71 @@ fn a_burst_cut_into_windows_keeps_the_plans_balance_past_the_load_gate() {
         "fair share {fair}: {counts:?}"
     );
 }
+
+#[test]
+fn a_scrape_still_counting_a_finished_burst_does_not_skew_the_next() {
+    // The router saw every replica idle beside its own traffic; half a second later a stale
+    // scrape still counts 20 running requests on three of the four replicas (a burst of ours
+    // that has since finished). The next burst goes exactly where it goes without that scrape.
+    let place = |stale: bool| {
+        let dir = temp_dir(if stale {
+            "stale-scrape"
+        } else {
+            "fresh-scrape"
+        });
+        let input = dir.join("requests.jsonl");
+        let metrics = |running: fn(usize) -> u32| -> serde_json::Value {
+            (0..4)
+                .map(|r| {
+                    let facts = serde_json::json!({"running_requests": running(r)});
+                    (format!("/replica-{r}"), facts)
+                })
+                .collect::<serde_json::Map<_, _>>()
+                .into()
+        };
+        let mut lines = vec![serde_json::json!({
+            "arrival_ms": 0, "id": "before", "tokens": [1, 2, 3], "metrics": metrics(|_| 0)
+        })
+        .to_string()];
+        for i in 0..64u32 {
+            let p = i % 8;
+            let tokens: Vec<u32> = (0..640).map(|t| p * 100_000 + t).collect();
+            let mut line =
+                serde_json::json!({"arrival_ms": 500, "id": format!("r{i}"), "tokens": tokens});
+            if i == 0 && stale {
+                line["metrics"] = metrics(|r| if r == 3 { 0 } else { 20 });
+            }
+            lines.push(line.to_string());
+        }
+        std::fs::write(&input, lines.join("\n")).unwrap();
+        let output = Command::new(binary())
+            .args(["replay", "--config", "configs/default.toml", "--brief"])
+            .arg("--plugin-dir")
+            .arg(plugin_dir())
+            .arg("--input")
+            .arg(&input)
+            .current_dir(workspace_root())
+            .output()
+            .expect("switchyard runs");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let _ = std::fs::remove_dir_all(dir);
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .map(|line| {
+                let value: serde_json::Value = serde_json::from_str(line).unwrap();
+                let endpoint = value["endpoints"][0].as_str().expect("placed");
+                (
+                    value["id"].as_str().unwrap().to_string(),
+                    endpoint.to_string(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let fresh = place(false);
+    assert_eq!(fresh.len(), 65);
+    assert_eq!(place(true), fresh);
+}
