@@ -431,12 +431,11 @@ fn trace_lines_become_requests_in_arrival_order() {
 
 #[test]
 fn prompt_estimate_pads_the_last_word_with_zeros() {
-    assert_eq!(prompt_to_tokens("abcd"), vec![u32::from_le_bytes(*b"abcd")]);
-    assert_eq!(
-        prompt_to_tokens("abcde"),
-        vec![u32::from_le_bytes(*b"abcd"), 0x65]
-    );
-    assert_eq!(prompt_to_tokens(""), Vec::<u32>::new());
+    let estimate = crate::pipeline::tokenize::PromptTokenizer::estimate();
+    let tokens = |text: &str| prompt_to_tokens(text.to_string(), &estimate);
+    assert_eq!(tokens("abcd"), vec![u32::from_le_bytes(*b"abcd")]);
+    assert_eq!(tokens("abcde"), vec![u32::from_le_bytes(*b"abcd"), 0x65]);
+    assert_eq!(tokens(""), Vec::<u32>::new());
 }
 
 #[test]
@@ -475,7 +474,7 @@ fn trace_errors_name_the_line() {
 #[test]
 fn missing_trace_file_names_the_path() {
     let path = std::path::Path::new("no-such-dir/trace.jsonl");
-    let err = read_trace(path).unwrap_err();
+    let err = read_trace(path, &Default::default()).unwrap_err();
     assert!(
         err.to_string()
             .starts_with("cannot read trace no-such-dir/trace.jsonl: "),
