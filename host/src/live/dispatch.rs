@@ -325,6 +325,7 @@ impl LiveScheduler {
             return Prompt::Tokenized(tokenizer.tokenize(prompt));
         }
         let tokenized = tokio::task::spawn_blocking(move || tokenizer.tokenize(prompt)).await;
+        // `tokenize` catches the tokenizer's panics: only a runtime shutting down gets here.
         Prompt::Tokenized(tokenized.unwrap_or_else(|e| Tokenized {
             prompts: Vec::new(),
             estimated: Some(Estimated::Failed(e.to_string())),

@@ -30,9 +30,10 @@ pub const TYPE_NAME: &str = "token-producer";
 pub const DEFAULT_MAX_PROMPT_BYTES: u64 = 1 << 20;
 const MAX_PROMPT_BYTES_RANGE: std::ops::RangeInclusive<u64> = 1..=(64 << 20);
 
-/// Text up to this many bytes is tokenized where it is (well under a millisecond); a longer
-/// one is worth moving off an async worker.
-pub const INLINE_TEXT_BYTES: usize = 4096;
+/// Text up to this many bytes is tokenized where it is; a longer one moves off the async
+/// worker. Byte-level BPE encodes about 1 MB/s here (`benches/tokenize.rs`), so this keeps an
+/// inline encode near a millisecond.
+pub const INLINE_TEXT_BYTES: usize = 1024;
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[serde(rename_all = "camelCase", deny_unknown_fields, default)]
@@ -418,7 +419,7 @@ pub static FACTORY: PluginFactory = PluginFactory {
 inventory::submit! { Builtin(&FACTORY) }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -510,7 +511,8 @@ mod tests {
         dir
     }
 
-    fn loaded(unk: bool, max_prompt_bytes: u64) -> PromptTokenizer {
+    /// The word-level tokenizer below, read from a file.
+    pub(crate) fn loaded(unk: bool, max_prompt_bytes: u64) -> PromptTokenizer {
         let dir = tokenizer_dir(if unk { "unk" } else { "strict" }, &tokenizer_json(unk));
         PromptTokenizer::load(&dir.join("models/tokenizer.json"), max_prompt_bytes)
             .expect("a valid tokenizer.json")

@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::Value;
 use switchyard_tests::live::{
     binary, eventually, free_port, json, metric_sum, send, start_router, temp_dir, wait_healthy,
-    Process, Router, FAST_REPLICA,
+    word_tokenizer, Process, Router, FAST_REPLICA,
 };
 
 const PRODUCER: &str = "kv-event-prefix-cache-producer";
@@ -737,36 +737,6 @@ async fn a_reload_that_adds_a_producer_marks_its_new_index_incomplete() {
 /// The `token-producer` reading the test tokenizer, written next to the router's config.
 const TOKENIZER_PRODUCER: &str = "[[plugins]]\ntype = \"token-producer\"\n\
      [plugins.parameters]\ntokenizer = { path = \"tokenizer.json\" }\n";
-
-/// Writes a word-level `dir/tokenizer.json`: `<s>` (0) added before every text as vLLM's
-/// completions endpoint adds special tokens, `<unk>` (1), and the words `w0` to `w999` (2 on);
-/// words split on whitespace. Returns its path.
-fn word_tokenizer(dir: &std::path::Path) -> String {
-    let vocab: serde_json::Map<String, Value> = ["<s>".to_string(), "<unk>".to_string()]
-        .into_iter()
-        .chain((0..1000).map(|i| format!("w{i}")))
-        .enumerate()
-        .map(|(id, word)| (word, Value::from(id)))
-        .collect();
-    let file = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null,
-        "added_tokens": [{"id": 0, "content": "<s>", "single_word": false, "lstrip": false,
-            "rstrip": false, "normalized": false, "special": true}],
-        "normalizer": null,
-        "pre_tokenizer": {"type": "WhitespaceSplit"},
-        "post_processor": {"type": "TemplateProcessing",
-            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
-                {"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [{"Sequence": {"id": "A", "type_id": 0}},
-                {"Sequence": {"id": "B", "type_id": 1}}],
-            "special_tokens": {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]}}},
-        "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
-    });
-    let path = dir.join("tokenizer.json");
-    std::fs::write(&path, file.to_string()).expect("tokenizer written");
-    path.display().to_string()
-}
 
 /// Six texts of `PROMPT` tokens with the tokenizer above (`<s>` and 63 words of 5 bytes each,
 /// so the 4-bytes-per-token estimate makes about 79 of them): a 4-block prefix in common.

@@ -483,6 +483,23 @@ fn missing_trace_file_names_the_path() {
 }
 
 #[test]
+fn trace_text_is_tokenized_by_the_given_tokenizer() {
+    let dir = std::env::temp_dir().join(format!("switchyard-trace-tok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("trace.jsonl");
+    std::fs::write(
+        &path,
+        "{\"arrival_ms\": 0, \"prompt\": \"hello world\", \"output_tokens\": 1}\n",
+    )
+    .unwrap();
+    let tokenizer = crate::pipeline::tokenize::tests::loaded(true, 1 << 20);
+    let exact = read_trace(&path, &tokenizer).unwrap();
+    assert_eq!(*exact[0].tokens, [0, 2, 3]);
+    let estimated = read_trace(&path, &Default::default()).unwrap();
+    assert_eq!(*estimated[0].tokens, [1819043176, 1870078063, 6581362]);
+}
+
+#[test]
 fn memory_estimates_grow_with_the_work_and_refuse_over_the_limit() {
     let rl = |set: serde_json::Value| Workload::from_name("rl-rollout", set).unwrap();
     let small = rl(json!({}));
