@@ -71,7 +71,7 @@ impl TokenizerConfig {
             if !MAX_PROMPT_BYTES_RANGE.contains(&max) {
                 return Err(PluginError::invalid_parameter(
                     "maxPromptBytes",
-                    &format!(
+                    format!(
                         "maxPromptBytes must be in {}..={} (got {max})",
                         MAX_PROMPT_BYTES_RANGE.start(),
                         MAX_PROMPT_BYTES_RANGE.end()
