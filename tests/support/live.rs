@@ -327,6 +327,13 @@ pub async fn send(
         .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
 }
 
+/// POSTs `body` (JSON) to `path` on `addr` and checks the answer is 200.
+pub async fn post_ok(addr: SocketAddr, path: &str, body: &Value) -> Response<Incoming> {
+    let response = send(addr, "POST", path, &[], &body.to_string()).await;
+    assert_eq!(response.status(), 200, "POST {path}");
+    response
+}
+
 pub async fn body_bytes(response: Response<Incoming>) -> Bytes {
     response
         .into_body()

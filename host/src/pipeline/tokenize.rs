@@ -552,17 +552,21 @@ pub(crate) mod tests {
         assert_eq!(tokenizer.tokenize(Prompt::Tokenized(done)), ids);
     }
 
+    /// `tokenizer` gives `prompt` the estimate, noted as `why`, which reads `note`.
+    fn assert_estimated(tokenizer: &PromptTokenizer, prompt: Prompt, why: Estimated, note: &str) {
+        let tokenized = tokenizer.tokenize(prompt.clone());
+        assert_eq!(tokenized.prompts, tokenize(prompt));
+        assert_eq!(tokenized.estimated.as_ref(), Some(&why));
+        assert_eq!(why.to_string(), note);
+    }
+
     #[test]
     fn without_a_tokenizer_text_is_the_estimate_and_says_so() {
-        let tokenized = PromptTokenizer::estimate().tokenize(Prompt::Text("hello world".into()));
-        assert_eq!(
-            tokenized.prompts,
-            tokenize(Prompt::Text("hello world".into()))
-        );
-        assert_eq!(tokenized.estimated, Some(Estimated::NoTokenizer));
-        assert_eq!(
-            Estimated::NoTokenizer.to_string(),
-            "estimated: no tokenizer configured"
+        assert_estimated(
+            &PromptTokenizer::estimate(),
+            Prompt::Text("hello world".into()),
+            Estimated::NoTokenizer,
+            "estimated: no tokenizer configured",
         );
     }
 
@@ -572,12 +576,11 @@ pub(crate) mod tests {
             role: "user".into(),
             content: "hello".into(),
         }]);
-        let tokenized = loaded(true, DEFAULT_MAX_PROMPT_BYTES).tokenize(chat.clone());
-        assert_eq!(tokenized.prompts, tokenize(chat));
-        assert_eq!(tokenized.estimated, Some(Estimated::Chat));
-        assert_eq!(
-            Estimated::Chat.to_string(),
-            "estimated: chat: no chat template"
+        assert_estimated(
+            &loaded(true, DEFAULT_MAX_PROMPT_BYTES),
+            chat,
+            Estimated::Chat,
+            "estimated: chat: no chat template",
         );
     }
 
@@ -586,14 +589,11 @@ pub(crate) mod tests {
         let tokenizer = loaded(true, 11);
         let fits = tokenizer.tokenize(Prompt::Text("hello world".into()));
         assert_eq!(fits.estimated, None);
-        let texts = Prompt::Texts(vec!["hello".into(), "world again".into()]);
-        let over = tokenizer.tokenize(texts.clone());
-        assert_eq!(over.prompts, tokenize(texts));
-        let why = over.estimated.expect("estimated");
-        assert_eq!(why, Estimated::TooLong { bytes: 16, max: 11 });
-        assert_eq!(
-            why.to_string(),
-            "estimated: the text is 16 bytes, over maxPromptBytes = 11"
+        assert_estimated(
+            &tokenizer,
+            Prompt::Texts(vec!["hello".into(), "world again".into()]),
+            Estimated::TooLong { bytes: 16, max: 11 },
+            "estimated: the text is 16 bytes, over maxPromptBytes = 11",
         );
         assert!(!tokenizer.is_quick(&Prompt::Text("x".repeat(INLINE_TEXT_BYTES + 1))));
         assert!(tokenizer.is_quick(&Prompt::Text("x".repeat(INLINE_TEXT_BYTES))));

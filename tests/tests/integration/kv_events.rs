@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use switchyard_tests::live::{
-    binary, eventually, free_port, json, metric_sum, send, start_router, temp_dir, wait_healthy,
-    word_tokenizer, Process, Router, FAST_REPLICA,
+    binary, eventually, free_port, json, metric_sum, post_ok, send, start_router, temp_dir,
+    wait_healthy, word_tokenizer, Process, Router, FAST_REPLICA,
 };
 
 const PRODUCER: &str = "kv-event-prefix-cache-producer";
@@ -156,22 +156,20 @@ async fn direct(replica: SocketAddr, prompt: &[u32]) -> Value {
     json(response).await
 }
 
+/// Sends a completion of `prompt` (token ids or text) through the router; returns the replica
+/// that answered and the usage it reported.
+async fn completed(router: &Router, prompt: Value) -> (String, Value) {
+    let body = serde_json::json!({"model": "test-model", "prompt": prompt, "max_tokens": 1});
+    let response = post_ok(router.api(), "/v1/completions", &body).await;
+    let replica = switchyard_tests::live::replica_name(&response);
+    (replica, json(response).await["usage"].clone())
+}
+
 /// Sends a completion of `prompt` through the router; returns the replica that answered and
 /// the tokens it had cached.
 async fn routed(router: &Router, prompt: &[u32]) -> (String, u64) {
-    let body = serde_json::json!({"model": "test-model", "prompt": prompt, "max_tokens": 1});
-    let response = send(
-        router.api(),
-        "POST",
-        "/v1/completions",
-        &[],
-        &body.to_string(),
-    )
-    .await;
-    assert_eq!(response.status(), 200);
-    let replica = switchyard_tests::live::replica_name(&response);
-    let body = json(response).await;
-    let cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+    let (replica, usage) = completed(router, prompt.into()).await;
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
         .expect("usage with cached tokens");
     (replica, cached)
@@ -753,23 +751,12 @@ fn text_prompts() -> Vec<String> {
         .collect()
 }
 
-/// Sends a text completion through the router; returns the replica that answered and the
-/// usage it reported.
+/// Sends a text completion through the router; returns the index of the replica that
+/// answered and the usage it reported.
 async fn routed_text(router: &Router, prompt: &str) -> (usize, Value) {
-    let body = serde_json::json!({"model": "test-model", "prompt": prompt, "max_tokens": 1});
-    let response = send(
-        router.api(),
-        "POST",
-        "/v1/completions",
-        &[],
-        &body.to_string(),
-    )
-    .await;
-    assert_eq!(response.status(), 200);
-    let replica = switchyard_tests::live::replica_name(&response);
-    let body = json(response).await;
+    let (replica, usage) = completed(router, prompt.into()).await;
     let i = replica.trim_start_matches('r').parse().expect("r0 or r1");
-    (i, body["usage"].clone())
+    (i, usage)
 }
 
 /// The KV-event producer's predictions over every endpoint: predicted, cached and correct
@@ -787,21 +774,33 @@ async fn precise_totals(router: &Router) -> (f64, f64, f64) {
     totals
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn text_tokenized_with_the_engines_tokenizer_is_predicted_exactly() {
-    let dir = temp_dir("kv-tokenizer");
+/// Replicas r0 (array events) and r1 (map events, both with replay) of `cache_blocks` blocks
+/// each, tokenizing with the test tokenizer, and a router over them with `plugins` listed first,
+/// subscribed to both.
+async fn tokenizing_fleet(
+    tag: &str,
+    cache_blocks: usize,
+    plugins: &str,
+) -> ([Publisher; 2], Router) {
+    let dir = temp_dir(tag);
     let file = word_tokenizer(&dir);
     let flags = ["--tokenizer", file.as_str()];
-    // 24 blocks of cache against prompts of 16: the caches churn.
     let replicas = [
-        publisher_with("r0", "array", true, 24, None, &flags).await,
-        publisher_with("r1", "map", true, 24, None, &flags).await,
+        publisher_with("r0", "array", true, cache_blocks, None, &flags).await,
+        publisher_with("r1", "map", true, cache_blocks, None, &flags).await,
     ];
-    let config = pipeline_with(&[&replicas[0], &replicas[1]], 60_000, TOKENIZER_PRODUCER);
+    let config = pipeline_with(&[&replicas[0], &replicas[1]], 60_000, plugins);
     let router = start_router(&dir, &config, "", &[]).await;
     for (i, r) in replicas.iter().enumerate() {
         subscribed(&router, i, r).await;
     }
+    (replicas, router)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_tokenized_with_the_engines_tokenizer_is_predicted_exactly() {
+    // 24 blocks of cache against prompts of 16: the caches churn.
+    let (replicas, router) = tokenizing_fleet("kv-tokenizer", 24, TOKENIZER_PRODUCER).await;
     let prompts = text_prompts();
     for round in 0..5 {
         for (p, prompt) in prompts.iter().enumerate() {
@@ -828,15 +827,7 @@ async fn text_tokenized_with_the_engines_tokenizer_is_predicted_exactly() {
     // Chat is not rendered through a chat template yet: the estimate, and the record says why.
     let chat = serde_json::json!({"model": "test-model", "max_tokens": 1,
         "messages": [{"role": "user", "content": prompts[0]}]});
-    let response = send(
-        router.api(),
-        "POST",
-        "/v1/chat/completions",
-        &[],
-        &chat.to_string(),
-    )
-    .await;
-    assert_eq!(response.status(), 200);
+    post_ok(router.api(), "/v1/chat/completions", &chat).await;
     let decisions = json(send(router.admin, "GET", "/decisions?limit=1", &[], "").await).await;
     let text = decisions.to_string();
     assert!(text.contains("estimated: chat: no chat template"), "{text}");
@@ -848,18 +839,7 @@ async fn text_tokenized_with_the_engines_tokenizer_is_predicted_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn text_without_a_tokenizer_is_marked_estimated_and_mispredicted() {
-    let dir = temp_dir("kv-no-tokenizer");
-    let file = word_tokenizer(&dir);
-    let flags = ["--tokenizer", file.as_str()];
-    let replicas = [
-        publisher_with("r0", "array", false, 1000, None, &flags).await,
-        publisher_with("r1", "map", false, 1000, None, &flags).await,
-    ];
-    let config = pipeline(&[&replicas[0], &replicas[1]], 60_000);
-    let router = start_router(&dir, &config, "", &[]).await;
-    for (i, r) in replicas.iter().enumerate() {
-        subscribed(&router, i, r).await;
-    }
+    let (replicas, router) = tokenizing_fleet("kv-no-tokenizer", 1000, "").await;
     for _ in 0..3 {
         for prompt in &text_prompts() {
             let (i, _) = routed_text(&router, prompt).await;

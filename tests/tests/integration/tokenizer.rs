@@ -8,7 +8,8 @@ use switchyard::config::LoadedConfig;
 use switchyard::pipeline::{build, load_registry, Scheduler};
 use switchyard::replay;
 use switchyard_tests::live::{
-    endpoints_toml, fast_replicas, json, send, start_router, temp_dir, word_tokenizer, Router,
+    endpoints_toml, fast_replicas, json, post_ok, send, start_router, temp_dir, word_tokenizer,
+    Router,
 };
 use switchyard_tests::{endpoints, options};
 
@@ -44,15 +45,8 @@ fn notes(tag: &str, parameters: &str) -> Vec<(String, Option<String>)> {
         .lines()
         .map(|line| {
             let decision: Value = serde_json::from_str(line).expect("JSON line");
-            let note = decision["decision"]["producers"]
-                .as_array()
-                .and_then(|all| all.iter().find(|p| p["name"] == "token-producer"))
-                .and_then(|p| p["attributes"][0]["value"]["text"].as_str())
-                .map(str::to_owned);
-            (
-                decision["id"].as_str().unwrap_or_default().to_string(),
-                note,
-            )
+            let id = decision["id"].as_str().unwrap_or_default().to_string();
+            (id, token_producer_note(&decision))
         })
         .collect()
 }
@@ -94,25 +88,22 @@ fn replay_tokenizes_text_with_the_configured_tokenizer() {
     );
 }
 
-/// The token producer's note in the latest decision record of `router`, after sending it a
-/// text completion.
-async fn note_on_text(router: &Router) -> Option<String> {
-    let body = serde_json::json!({"model": "test-model", "prompt": "w1 w2 w3", "max_tokens": 1});
-    let response = send(
-        router.api(),
-        "POST",
-        "/v1/completions",
-        &[],
-        &body.to_string(),
-    )
-    .await;
-    assert_eq!(response.status(), 200);
-    let decisions = json(send(router.admin, "GET", "/decisions?limit=1", &[], "").await).await;
-    decisions[0]["decision"]["producers"]
+/// The token producer's note in a decision record (`None` when the ids are exact).
+fn token_producer_note(record: &Value) -> Option<String> {
+    record["decision"]["producers"]
         .as_array()
         .and_then(|all| all.iter().find(|p| p["name"] == "token-producer"))
         .and_then(|p| p["attributes"][0]["value"]["text"].as_str())
         .map(str::to_owned)
+}
+
+/// The token producer's note in the latest decision record of `router`, after sending it a
+/// text completion.
+async fn note_on_text(router: &Router) -> Option<String> {
+    let body = serde_json::json!({"model": "test-model", "prompt": "w1 w2 w3", "max_tokens": 1});
+    post_ok(router.api(), "/v1/completions", &body).await;
+    let decisions = json(send(router.admin, "GET", "/decisions?limit=1", &[], "").await).await;
+    token_producer_note(&decisions[0])
 }
 
 async fn reload(router: &Router) -> Value {
