@@ -502,10 +502,15 @@ pub(crate) mod tests {
         )
     }
 
-    /// A fresh directory holding `tokenizer.json` with `text`.
+    /// A fresh directory holding `models/tokenizer.json` with `text`; one per call, as tests
+    /// run at once.
     fn tokenizer_dir(tag: &str, text: &str) -> std::path::PathBuf {
-        let dir =
-            std::env::temp_dir().join(format!("switchyard-tokenize-{tag}-{}", std::process::id()));
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!(
+            "switchyard-tokenize-{tag}-{}-{n}",
+            std::process::id()
+        ));
         std::fs::create_dir_all(dir.join("models")).expect("temp dir");
         std::fs::write(dir.join("models/tokenizer.json"), text).expect("written");
         dir
