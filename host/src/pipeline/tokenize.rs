@@ -389,7 +389,7 @@ pub static FACTORY: PluginFactory = PluginFactory {
         Param {
             name: "estimate",
             value_type: "table",
-            default: "{}",
+            default: "the backend when `tokenizer` is unset",
             range: "{}",
             description: "The tokenizer-free estimate backend (the default); not with \
                           `tokenizer`.",
