@@ -90,6 +90,11 @@ pub fn render(config: &LoadedConfig, registry: &Registry, pipeline: &Pipeline) -
         let _ = writeln!(out, "[plugins.parameters]");
         for doc in &docs {
             match given.get(doc.name.as_str()) {
+                Some(toml::Value::Table(file)) if plugin.host_native && doc.name == "tokenizer" => {
+                    let path = file.get("path").and_then(toml::Value::as_str).unwrap_or("");
+                    let path = toml_string(&absolute(&base.join(path)));
+                    let _ = writeln!(out, "tokenizer = {{ path = {path} }}");
+                }
                 Some(value) => {
                     let _ = writeln!(out, "{} = {}", doc.name, value);
                 }

@@ -516,7 +516,10 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
         Some(path) => {
             let params = sim::TraceParams::from_overrides(overrides).map_err(|e| e.to_string())?;
             let parameters = serde_json::to_value(&params).unwrap_or_default();
-            let requests = sim::read_trace(path).map_err(|e| match e {
+            // Text prompts become the token ids the main config's router would make of them.
+            let tokenizer = switchyard::pipeline::tokenize::PromptTokenizer::for_config(&config)
+                .map_err(|e| e.to_string())?;
+            let requests = sim::read_trace(path, &tokenizer).map_err(|e| match e {
                 sim::TraceError::Line { line, message } => {
                     format!("{}:{line}: {message}", path.display())
                 }

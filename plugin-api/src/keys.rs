@@ -12,9 +12,11 @@ pub const IN_FLIGHT_LOAD: &str = "InFlightLoad";
 pub const LATENCY_PREDICTION: &str = "LatencyPrediction";
 /// The request's token ids ([`RequestView::prompts`](crate::RequestView::prompts)). Consuming
 /// it orders a producer after tokenization. Since 1.3 it carries one value: when the prompt
-/// came as text, an empty [`AttrValue::Custom`](crate::AttrValue::Custom) on every candidate
-/// says the ids are the host's estimate (4 bytes per token), not an engine tokenizer's; it is
-/// absent for token ids the client sent.
+/// came as text and was not encoded by the model's tokenizer, an
+/// [`AttrValue::Custom`](crate::AttrValue::Custom) on every candidate says the ids are the
+/// host's estimate (4 bytes per token), not an engine tokenizer's. The value is empty, or, for
+/// a recorded decision, UTF-8 text naming why (hosts before this note wrote it empty). It is
+/// absent for token ids the client sent and for text the model's tokenizer encoded.
 pub const TOKENIZED_PROMPT: &str = "TokenizedPrompt";
 
 pub const APPROX_PREFIX_CACHE_PRODUCER: &str = "approx-prefix-cache-producer";

@@ -327,6 +327,13 @@ pub async fn send(
         .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
 }
 
+/// POSTs `body` (JSON) to `path` on `addr` and checks the answer is 200.
+pub async fn post_ok(addr: SocketAddr, path: &str, body: &Value) -> Response<Incoming> {
+    let response = send(addr, "POST", path, &[], &body.to_string()).await;
+    assert_eq!(response.status(), 200, "POST {path}");
+    response
+}
+
 pub async fn body_bytes(response: Response<Incoming>) -> Bytes {
     response
         .into_body()
@@ -524,3 +531,33 @@ name = \"default\"
 scorers = [{ plugin = \"queue-scorer\", weight = 1.0 }]
 picker = \"max-score-picker\"
 ";
+
+/// Writes a word-level `dir/tokenizer.json`: `<s>` (0) added before every text as vLLM's
+/// completions endpoint adds special tokens, `<unk>` (1), and the words `w0` to `w999` (2 on);
+/// words split on whitespace. Returns its path.
+pub fn word_tokenizer(dir: &Path) -> String {
+    let vocab: serde_json::Map<String, Value> = ["<s>".to_string(), "<unk>".to_string()]
+        .into_iter()
+        .chain((0..1000).map(|i| format!("w{i}")))
+        .enumerate()
+        .map(|(id, word)| (word, Value::from(id)))
+        .collect();
+    let file = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [{"id": 0, "content": "<s>", "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": {"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}},
+                {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]}}},
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"}
+    });
+    let path = dir.join("tokenizer.json");
+    std::fs::write(&path, file.to_string()).expect("tokenizer written");
+    path.display().to_string()
+}

@@ -31,7 +31,10 @@ use crate::fleet::FleetState;
 use crate::pipeline::carry::Carried;
 use crate::pipeline::record::TracePool;
 use crate::pipeline::scheduler::PluginStats;
-use crate::pipeline::{Decision, Fleet, Pipeline, Predicted, Rejection, Request, Scheduler};
+use crate::pipeline::tokenize::{Estimated, PromptTokenizer, Tokenized};
+use crate::pipeline::{
+    Decision, Fleet, Pipeline, Predicted, Prompt, Rejection, Request, Scheduler,
+};
 use crate::replay::ReplayOutput;
 
 /// How long an endpoint that refused a connection is left out of new decisions.
@@ -168,6 +171,9 @@ pub struct LiveScheduler {
     traces: Arc<TracePool>,
     /// The KV-event subscriptions feeding this scheduler's plugins, when any.
     kv_events: Mutex<Option<KvEvents>>,
+    /// The running pipeline's tokenizer, read by each request's task without the scheduler's
+    /// lock.
+    tokenizer: Mutex<Arc<PromptTokenizer>>,
 }
 
 impl std::fmt::Debug for LiveScheduler {
@@ -190,6 +196,7 @@ impl LiveScheduler {
     ) -> Arc<LiveScheduler> {
         scheduler.set_explain(keep_records > 0);
         let traces = scheduler.trace_pool();
+        let tokenizer = Mutex::new(Arc::clone(&scheduler.pipeline().tokenizer));
         let fleet = fleet_updates.borrow_and_update().clone();
         let live = Arc::new(LiveScheduler {
             inner: Mutex::new(Inner {
@@ -211,6 +218,7 @@ impl LiveScheduler {
             keep_records,
             traces,
             kv_events: Mutex::new(None),
+            tokenizer,
         });
         live.lock().apply_fleet();
         tokio::spawn(seal_windows(Arc::downgrade(&live), live.window_due.clone()));
@@ -225,8 +233,9 @@ impl LiveScheduler {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Places `request`: admits it now and waits for its decision (at once, or when its
-    /// window seals). Dropping the future withdraws the request or releases its charge.
+    /// Places `request`: tokenizes its prompt on the caller's task, admits it and waits for its
+    /// decision (at once, or when its window seals). Dropping the future withdraws the request
+    /// or releases its charge.
     pub async fn place(self: &Arc<Self>, request: Request) -> Placement {
         self.place_within(request, None).await
     }
@@ -237,6 +246,7 @@ impl LiveScheduler {
         mut request: Request,
         subset: Option<&Subset>,
     ) -> Placement {
+        request.prompt = self.tokenized(request.prompt).await;
         let arrival_ms;
         let receiver;
         let request_id;
@@ -303,6 +313,25 @@ impl LiveScheduler {
         self.into_placement(delivery)
     }
 
+    /// The prompt's token ids, made by the running pipeline's tokenizer outside the scheduler's
+    /// lock; a long text is encoded on a blocking thread, not on an async worker. A reload
+    /// between this and admission leaves the request tokenized by the tokenizer it found.
+    async fn tokenized(&self, prompt: Prompt) -> Prompt {
+        if !prompt.is_text() {
+            return prompt;
+        }
+        let tokenizer = Arc::clone(&self.tokenizer.lock().unwrap_or_else(|e| e.into_inner()));
+        if tokenizer.is_quick(&prompt) {
+            return Prompt::Tokenized(tokenizer.tokenize(prompt));
+        }
+        let tokenized = tokio::task::spawn_blocking(move || tokenizer.tokenize(prompt)).await;
+        // `tokenize` catches the tokenizer's panics: only a runtime shutting down gets here.
+        Prompt::Tokenized(tokenized.unwrap_or_else(|e| Tokenized {
+            prompts: Vec::new(),
+            estimated: Some(Estimated::Failed(e.to_string())),
+        }))
+    }
+
     fn refused(&self, request_id: String, now: f64, key: &str, limit: u32) -> Placement {
         Placement {
             request_id,
@@ -364,6 +393,7 @@ impl LiveScheduler {
     /// Makes `pipeline` the one new requests go through, between two decisions: requests
     /// waiting in a window are decided first, by the pipeline they entered.
     pub fn replace_pipeline(&self, pipeline: Pipeline) -> Vec<(String, Carried)> {
+        *self.tokenizer.lock().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&pipeline.tokenizer);
         let mut inner = self.lock();
         let now = self.clock.now_ms();
         let started = Instant::now();

@@ -1,13 +1,14 @@
 //! The OpenAI-shaped surface: reading completions, chat and generate bodies into token ids
 //! and an output length, and writing answers, stream chunks and error bodies.
 //!
-//! Prompts are tokenized as the host tokenizes them, so a router hashing the same request
-//! agrees with this replica about which blocks it shares.
+//! Prompts are tokenized as the host tokenizes them (`PromptTokenizer`: the estimate, or with
+//! `--tokenizer` a model's `tokenizer.json` as vLLM uses it), so a router hashing the same
+//! request agrees with this replica about which blocks it shares.
 
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use crate::pipeline::tokenize::tokenize;
+use crate::pipeline::tokenize::PromptTokenizer;
 use crate::pipeline::{ChatMessage, Prompt};
 
 /// Output length when the request names none.
@@ -73,15 +74,23 @@ pub struct Parsed {
     pub cache_salt: String,
 }
 
-pub fn parse(api: Api, body: &[u8]) -> Result<Parsed, ApiError> {
+pub fn parse(api: Api, body: &[u8], tokenizer: &PromptTokenizer) -> Result<Parsed, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))?;
     let Value::Object(fields) = &value else {
         return Err(ApiError::bad_request("the body must be a JSON object"));
     };
     let prompts = match api {
-        Api::Completions => completion_prompts(fields.get("prompt"))?,
-        Api::Chat => chat_prompt(fields.get("messages"))?,
+        Api::Completions => {
+            tokenizer
+                .tokenize(completion_prompt(fields.get("prompt"))?)
+                .prompts
+        }
+        Api::Chat => {
+            tokenizer
+                .tokenize(chat_prompt(fields.get("messages"))?)
+                .prompts
+        }
         Api::Generate => vec![token_list(
             fields.get("token_ids").unwrap_or(&Value::Null),
             "token_ids",
@@ -139,29 +148,31 @@ pub fn parse(api: Api, body: &[u8]) -> Result<Parsed, ApiError> {
     })
 }
 
-/// `prompt`: a string, a list of strings, a list of token ids, or a list of such lists.
-fn completion_prompts(prompt: Option<&Value>) -> Result<Vec<Vec<u32>>, ApiError> {
+/// `prompt`: a string, a list of strings (one prompt each), a list of token ids, or a list of
+/// such lists.
+fn completion_prompt(prompt: Option<&Value>) -> Result<Prompt, ApiError> {
     match prompt {
-        Some(Value::String(text)) => Ok(tokenize(Prompt::Text(text.clone()))),
+        Some(Value::String(text)) => Ok(Prompt::Text(text.clone())),
         Some(Value::Array(items)) if !items.is_empty() => {
             if items.iter().all(Value::is_string) {
-                // One prompt per text, each tokenized on its own.
-                Ok(items
-                    .iter()
-                    .filter_map(Value::as_str)
-                    .flat_map(|t| tokenize(Prompt::Text(t.to_string())))
-                    .collect())
+                Ok(Prompt::Texts(
+                    items
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_string)
+                        .collect(),
+                ))
             } else if items.iter().all(Value::is_array) {
                 let lists = items
                     .iter()
                     .map(|item| token_list(item, "prompt"))
                     .collect::<Result<Vec<_>, _>>()?;
-                Ok(tokenize(Prompt::Tokens(lists)))
+                Ok(Prompt::Tokens(lists))
             } else {
-                Ok(tokenize(Prompt::Tokens(vec![token_list(
+                Ok(Prompt::Tokens(vec![token_list(
                     &Value::Array(items.clone()),
                     "prompt",
-                )?])))
+                )?]))
             }
         }
         Some(Value::Array(_)) => Err(ApiError::bad_request("prompt must not be empty")),
@@ -194,7 +205,7 @@ fn token_list(value: &Value, field: &str) -> Result<Vec<u32>, ApiError> {
 }
 
 /// `messages`: role and content, content a string or a list of parts whose `text` parts count.
-fn chat_prompt(messages: Option<&Value>) -> Result<Vec<Vec<u32>>, ApiError> {
+fn chat_prompt(messages: Option<&Value>) -> Result<Prompt, ApiError> {
     let Some(Value::Array(items)) = messages else {
         return Err(ApiError::bad_request("messages must be a list"));
     };
@@ -227,7 +238,7 @@ fn chat_prompt(messages: Option<&Value>) -> Result<Vec<Vec<u32>>, ApiError> {
             content,
         });
     }
-    Ok(tokenize(Prompt::Chat(chat)))
+    Ok(Prompt::Chat(chat))
 }
 
 const WORDS: [&str; 12] = [
@@ -403,11 +414,11 @@ mod tests {
     use crate::pipeline::tokenize::pack_bytes;
 
     fn parse_ok(api: Api, body: &str) -> Parsed {
-        parse(api, body.as_bytes()).expect("parses")
+        parse(api, body.as_bytes(), &PromptTokenizer::estimate()).expect("parses")
     }
 
     fn error(api: Api, body: &str) -> String {
-        let e = parse(api, body.as_bytes()).expect_err("refused");
+        let e = parse(api, body.as_bytes(), &PromptTokenizer::estimate()).expect_err("refused");
         assert_eq!(e.status, 400);
         e.message
     }

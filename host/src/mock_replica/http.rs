@@ -215,7 +215,7 @@ async fn inference(
         }
         Err(e) => return Err(ApiError::bad_request(format!("reading the body: {e}"))),
     };
-    let parsed = api::parse(api, &body)?;
+    let parsed = api::parse(api, &body, &shared.tokenizer)?;
     let (jobs, prompt_tokens) = jobs_of(&parsed, shared);
     let ids: Vec<usize> = jobs.iter().map(|j| j.id).collect();
     let (progress_tx, mut progress) = mpsc::unbounded_channel();

@@ -25,6 +25,7 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::time::Instant;
 
+use crate::pipeline::tokenize::PromptTokenizer;
 use crate::sim::FleetConfig;
 
 /// Command-line options of `mock-replica`.
@@ -67,6 +68,10 @@ pub struct MockOptions {
     /// KV event messages kept for replay.
     #[arg(long, default_value_t = 10_000)]
     pub kv_events_buffer: usize,
+    /// Tokenize completions text with this `tokenizer.json` (special tokens added, as vLLM
+    /// does) instead of the host's 4-bytes-per-token estimate; chat keeps the estimate.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<std::path::PathBuf>,
 }
 
 impl MockOptions {
@@ -86,6 +91,7 @@ impl MockOptions {
             kv_replay_port: None,
             kv_events_format: kv_publish::Shape::Array,
             kv_events_buffer: 10_000,
+            tokenizer: None,
         }
     }
 
@@ -132,6 +138,8 @@ pub struct Shared {
     pub refuse: mpsc::Sender<(u64, oneshot::Sender<()>)>,
     /// The KV-event publisher, when the replica announces its cache's changes.
     pub kv_events: Option<kv_publish::Publisher>,
+    /// How request text becomes token ids.
+    pub tokenizer: PromptTokenizer,
 }
 
 /// Serves until SIGTERM/SIGINT.
@@ -161,6 +169,13 @@ impl Drop for Server {
 /// Binds 127.0.0.1:`options.port` (0 picks a free port) and serves in a background task.
 pub async fn start(options: MockOptions) -> Result<Server, String> {
     let fleet = options.fleet()?;
+    let tokenizer = match &options.tokenizer {
+        // An engine has no bound on the text it tokenizes; the body limit bounds it here.
+        Some(path) => {
+            PromptTokenizer::load(path, u64::MAX).map_err(|e| format!("--tokenizer: {e}"))?
+        }
+        None => PromptTokenizer::estimate(),
+    };
     let listener =
         bind(options.port).map_err(|e| format!("listening on 127.0.0.1:{}: {e}", options.port))?;
     let addr = listener
@@ -196,6 +211,7 @@ pub async fn start(options: MockOptions) -> Result<Server, String> {
         owner: model::spawn(&fleet, start, kv_events.clone()),
         refuse: refuse_tx,
         kv_events,
+        tokenizer,
     });
     tracing::info!(
         name = %options.name,

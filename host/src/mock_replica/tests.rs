@@ -230,3 +230,28 @@ async fn metrics_page_has_vllm_names_and_the_model_label() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_tokenizer_file_encodes_completions_text_and_a_bad_one_stops_the_start() {
+    let dir = std::env::temp_dir().join(format!("switchyard-mock-tok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let missing = dir.join("absent.json");
+    let error = start(MockOptions {
+        tokenizer: Some(missing.clone()),
+        ..options()
+    })
+    .await
+    .err()
+    .expect("refused");
+    assert!(
+        error.starts_with(&format!(
+            "--tokenizer: cannot read tokenizer file {}: ",
+            missing.display()
+        )),
+        "{error}"
+    );
+    let tokenizer = crate::pipeline::tokenize::tests::loaded(true, 1 << 20);
+    let body = br#"{"prompt": "hello world again", "max_tokens": 1}"#;
+    let parsed = api::parse(api::Api::Completions, body, &tokenizer).expect("parses");
+    assert_eq!(parsed.prompts, vec![vec![0, 2, 3, 4]]);
+}

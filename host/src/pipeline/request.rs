@@ -23,10 +23,14 @@ pub enum Prompt {
     /// request is in flight. Built by `simulate` only; never read or written as JSON.
     #[serde(skip)]
     Shared { buf: Arc<[u32]>, len: usize },
+    /// Token ids a live driver's task already made from the prompt (`PromptTokenizer`), so the
+    /// scheduler does not tokenize under its lock. Never read or written as JSON.
+    #[serde(skip)]
+    Tokenized(super::tokenize::Tokenized),
 }
 
 impl Prompt {
-    /// Whether the prompt came as text (its token ids will be the host's estimate).
+    /// Whether the prompt came as text, still to be tokenized.
     pub fn is_text(&self) -> bool {
         matches!(self, Prompt::Text(_) | Prompt::Texts(_) | Prompt::Chat(_))
     }

@@ -29,7 +29,7 @@ use super::carry::{carry_state, Carried};
 use super::prediction::Predicted;
 use super::record::{DecisionTrace, TracePool, WindowTrace};
 use super::request::{Endpoint, Fleet, Request};
-use super::tokenize::{prompt_buffers, PromptBuffer};
+use super::tokenize::{prompt_buffers, Estimated, PromptBuffer};
 use super::wiring::Pipeline;
 use crate::plugins::crash_note;
 
@@ -187,8 +187,15 @@ impl Snapshot {
 }
 
 /// Says, under the token producer's key on every candidate, that the request's token ids
-/// are the host's estimate from text (an empty custom value; `keys::TOKENIZED_PROMPT`).
-fn mark_estimated(pipeline: &Pipeline, store: &mut [AttrValue], width: usize) {
+/// are the host's estimate from text (a custom value; `keys::TOKENIZED_PROMPT`): empty, or
+/// naming why when the decision is recorded.
+fn mark_estimated(
+    pipeline: &Pipeline,
+    store: &mut [AttrValue],
+    width: usize,
+    why: &Estimated,
+    explain: bool,
+) {
     let row = pipeline
         .plugins
         .iter()
@@ -197,7 +204,12 @@ fn mark_estimated(pipeline: &Pipeline, store: &mut [AttrValue], width: usize) {
     if let Some(&row) = row {
         let start = row as usize * width;
         if let Some(values) = store.get_mut(start..start + width) {
-            values.fill_with(|| AttrValue::Custom(Default::default()));
+            let note = if explain {
+                why.to_string().into_bytes()
+            } else {
+                Vec::new()
+            };
+            values.fill_with(|| AttrValue::Custom(note.as_slice().into()));
         }
     }
 }
@@ -515,8 +527,15 @@ impl Scheduler {
         });
         let mut store = self.scratch.stores.pop().unwrap_or_default();
         fill_absent(&mut store, self.pipeline.rows.len() * fleet.len());
-        if request.prompt.is_text() {
-            mark_estimated(&self.pipeline, &mut store, fleet.len());
+        let (prompts, estimated) = prompt_buffers(&self.pipeline.tokenizer, request.prompt);
+        if let Some(why) = &estimated {
+            mark_estimated(
+                &self.pipeline,
+                &mut store,
+                fleet.len(),
+                why,
+                record.is_some(),
+            );
         }
         let ticket = Ticket {
             store,
@@ -525,7 +544,7 @@ impl Scheduler {
                 request.model,
                 request.cache_salt,
                 request.max_output_tokens,
-                prompt_buffers(request.prompt),
+                prompts,
                 fleet,
                 self.rng.next_u64(),
             ),
@@ -709,9 +728,16 @@ impl Scheduler {
             ticket.next_producer += 1;
             let wired = &pipeline.plugins[plugin];
             if wired.host_native {
-                // Done on admission; the record still shows the step.
+                // Done on admission; the record still shows the step, and the note on the
+                // first candidate when the ids are estimated.
                 if let Some(record) = &mut ticket.record {
-                    record.push_producer(plugin, None, std::iter::empty());
+                    let row = wired.produced_rows.first().copied();
+                    let n = ticket.request.fleet.len();
+                    let noted = row
+                        .and_then(|row| Some((row, ticket.store.get(row as usize * n)?)))
+                        .filter(|(_, value)| n > 0 && !value.is_absent())
+                        .map(|(row, value)| (row, 0, value));
+                    record.push_producer(plugin, None, noted.into_iter());
                 }
                 continue;
             }

@@ -173,6 +173,9 @@ pub struct Pipeline {
     /// Whether no row can hold a value that owns memory: every row the scheduler fills is of
     /// a well-known data type, whose values the host checks on the way in.
     pub plain_rows: bool,
+    /// How the host turns a request's prompt into token ids (the `token-producer`'s backend,
+    /// its file read when the pipeline was built).
+    pub tokenizer: Arc<super::tokenize::PromptTokenizer>,
 }
 
 impl Pipeline {
@@ -300,6 +303,7 @@ pub fn build_from(
         .flat_map(|p| &p.produced_checks)
         .all(|check| *check != ValueCheck::Any);
     let prefix_rows = super::PrefixRows::find(&rows);
+    let tokenizer = Arc::new(super::tokenize::PromptTokenizer::for_config(config)?);
     Ok(Pipeline {
         plugins,
         producers,
@@ -310,6 +314,7 @@ pub fn build_from(
         rows,
         prefix_rows,
         plain_rows,
+        tokenizer,
     })
 }
 

@@ -40,7 +40,8 @@ const TEXT_PROMPT: &str =
 
 /// Why a value is not the exact index's.
 enum Why<'a> {
-    TextPrompt,
+    /// With the host's note on why, if it gave one.
+    TextPrompt(&'a str),
     Incomplete(&'a str),
 }
 
@@ -166,10 +167,14 @@ impl KvEventProducer {
         let endpoints = item.endpoints.as_slice();
         let request = &item.request;
         // Token ids the host estimated from text match no engine's blocks.
+        // The host's note says why, when the decision is recorded.
         let estimated = endpoints
             .first()
             .and_then(|e| item.attrs.get(CONSUMES_TOKENS, e))
-            .is_some_and(|v| matches!(v, AttrValue::Custom(bytes) if bytes.is_empty()));
+            .and_then(|v| match v {
+                AttrValue::Custom(bytes) => Some(std::str::from_utf8(bytes).unwrap_or("")),
+                _ => None,
+            });
         let index = self.read();
         let width = endpoints
             .iter()
@@ -230,8 +235,8 @@ impl KvEventProducer {
                 total_blocks: scratch.totals.get(round).copied().unwrap_or(0),
                 block_size_tokens: u64::from(size),
             };
-            let why = if estimated {
-                Some(Why::TextPrompt)
+            let why = if let Some(note) = estimated {
+                Some(Why::TextPrompt(note))
             } else {
                 self.incomplete(&index, host, request.now_ms)
                     .map(Why::Incomplete)
@@ -245,7 +250,8 @@ impl KvEventProducer {
                         .and_then(AttrValue::prefix_cache_match);
                     if request.explain {
                         let reason = match why {
-                            Why::TextPrompt => TEXT_PROMPT.to_string(),
+                            Why::TextPrompt("") => TEXT_PROMPT.to_string(),
+                            Why::TextPrompt(note) => format!("{TEXT_PROMPT} ({note})"),
                             Why::Incomplete(reason) => format!("index incomplete ({reason})"),
                         };
                         let text = match fallback {

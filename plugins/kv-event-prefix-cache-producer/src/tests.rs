@@ -293,25 +293,35 @@ fn a_text_prompt_takes_the_estimate_and_says_why() {
     use switchyard_plugin_api::keys::{TOKENIZED_PROMPT, TOKEN_PRODUCER};
     let h = harness("null");
     send(&h, 0, 0, vec![stored(&[1, 2], None, tokens(0, 2))]);
-    let estimated = Attributes::new()
-        .set(
-            DataKey::new(TOKENIZED_PROMPT, TOKEN_PRODUCER),
-            vec![AttrValue::Custom(Default::default()); 3],
-        )
-        .set(
-            DataKey::new(PREFIX_CACHE_MATCH_INFO, APPROX_PREFIX_CACHE_PRODUCER),
-            vec![Attributes::prefix_match(5, 8, 64); 3],
-        );
     let request = prompt(2).explain(true);
-    assert_eq!(matched_with(&h, &request, &estimated), [5, 5, 5]);
-    let produced = h
-        .produce(&request, &TestEndpoint::several(3), &estimated)
-        .unwrap();
-    let AttrValue::Custom(text) = &produced.get(super::PREFIX_CACHE_SOURCE).unwrap()[0] else {
-        panic!("no note");
+    // The host marks estimated ids with a custom value: empty, or naming why.
+    let note_on = |host_note: &[u8]| {
+        let estimated = Attributes::new()
+            .set(
+                DataKey::new(TOKENIZED_PROMPT, TOKEN_PRODUCER),
+                vec![AttrValue::Custom(host_note.into()); 3],
+            )
+            .set(
+                DataKey::new(PREFIX_CACHE_MATCH_INFO, APPROX_PREFIX_CACHE_PRODUCER),
+                vec![Attributes::prefix_match(5, 8, 64); 3],
+            );
+        assert_eq!(matched_with(&h, &request, &estimated), [5, 5, 5]);
+        let produced = h
+            .produce(&request, &TestEndpoint::several(3), &estimated)
+            .unwrap();
+        let AttrValue::Custom(text) = &produced.get(super::PREFIX_CACHE_SOURCE).unwrap()[0] else {
+            panic!("no note");
+        };
+        String::from_utf8(text.to_vec()).unwrap()
     };
-    let text = String::from_utf8(text.to_vec()).unwrap();
+    let text = note_on(b"");
     assert!(text.contains("a text prompt"), "{text}");
+    assert!(text.ends_with("which no engine stored"), "{text}");
+    let text = note_on(b"estimated: chat: no chat template");
+    assert!(
+        text.ends_with("which no engine stored (estimated: chat: no chat template)"),
+        "{text}"
+    );
     // Token ids the client sent are matched exactly.
     assert_eq!(matched(&h, &prompt(2)), [2, 0, 0]);
 }

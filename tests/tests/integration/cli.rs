@@ -675,3 +675,40 @@ fn simulate_names_the_parameter_of_a_mistyped_set() {
         "{err}"
     );
 }
+
+#[test]
+fn check_output_names_the_tokenizer_file_so_it_checks_from_anywhere() {
+    let dir = temp_dir("check-tokenizer");
+    let file = switchyard_tests::live::word_tokenizer(&dir);
+    let config = dir.join("pipeline.toml");
+    std::fs::write(
+        &config,
+        "[[plugins]]\ntype = \"token-producer\"\n[plugins.parameters]\n\
+         tokenizer = { path = \"tokenizer.json\" }\n\n[[plugins]]\ntype = \"queue-scorer\"\n",
+    )
+    .unwrap();
+    let first = run(&["check", "--config", config.to_str().unwrap()]);
+    assert!(first.status.success(), "{}", stderr(&first));
+    let text = stdout(&first);
+    let table = effective_table(&text);
+    let producer = table["plugins"]
+        .as_array()
+        .and_then(|all| {
+            all.iter()
+                .find(|p| p["type"].as_str() == Some("token-producer"))
+        })
+        .expect("the token producer");
+    let parameters = producer["parameters"].as_table().expect("parameters");
+    assert_eq!(
+        parameters["tokenizer"]["path"].as_str(),
+        Some(std::fs::canonicalize(&file).unwrap().to_str().unwrap())
+    );
+    assert!(!parameters.contains_key("estimate"), "{text}");
+    // Saved elsewhere, the output checks the same.
+    let elsewhere = temp_dir("check-tokenizer-saved");
+    let saved = elsewhere.join("effective.toml");
+    std::fs::write(&saved, &first.stdout).unwrap();
+    let second = run(&["check", "--config", saved.to_str().unwrap()]);
+    assert!(second.status.success(), "{}", stderr(&second));
+    assert_eq!(effective_table(&stdout(&second)), table);
+}

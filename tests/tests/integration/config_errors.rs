@@ -72,6 +72,49 @@ fn out_of_range_parameter_names_file_line_plugin_field_and_range() {
 }
 
 #[test]
+fn token_producer_backends_are_exclusive_and_its_file_must_load() {
+    let with = |parameters: &str| {
+        base("", "").replace(
+            "type = \"token-producer\"\n",
+            &format!("type = \"token-producer\"\n[plugins.parameters]\n{parameters}\n"),
+        )
+    };
+    let toml = with("estimate = {}\ntokenizer = { path = \"tokenizer.json\" }");
+    let e = error("two-tokenizers", &toml);
+    let line = line_of(&toml, "tokenizer =");
+    assert_eq!(
+        e,
+        format!(
+            "{}:{line}: plugin 'token-producer': `estimate` and `tokenizer` are two backends; \
+             set one of them, not both (tokenizer = {{ path = \"FILE\" }} for a model's \
+             tokenizer.json)",
+            path_of("two-tokenizers")
+        )
+    );
+    // The path is taken relative to the config's directory, and named in full.
+    let toml = with("tokenizer = { path = \"models/absent.json\" }");
+    let e = error("absent-tokenizer", &toml);
+    let line = line_of(&toml, "tokenizer =");
+    let file = generated_path("absent-tokenizer")
+        .with_file_name("models/absent.json")
+        .display()
+        .to_string();
+    assert!(
+        e.starts_with(&format!(
+            "{}:{line}: plugin 'token-producer': cannot read tokenizer file {file}: ",
+            path_of("absent-tokenizer")
+        )),
+        "{e}"
+    );
+    let toml = with("maxPromptBytes = 0");
+    let e = error("prompt-bound", &toml);
+    assert!(
+        e.ends_with("maxPromptBytes must be in 1..=67108864 (got 0)"),
+        "{e}"
+    );
+}
+
+#[test]
 fn unknown_parameter_field_is_named() {
     let toml = base(
         "[[plugins]]\ntype = \"inflight-load-producer\"\n",

@@ -92,7 +92,7 @@ fn the_reference_example_pipelines_import_and_pass_check() {
 
     let (toml, check) = import_and_check("reference-burst-sample");
     assert!(
-        toml.contains("# not mapped: parameter modelName: switchyard's token-producer has no such parameter (it has: estimate)\n#   was: \"hf-repo/model-name\""),
+        toml.contains("# not mapped: parameter modelName: switchyard's token-producer has no such parameter (it has: estimate, tokenizer, maxPromptBytes)\n#   was: \"hf-repo/model-name\""),
         "{toml}"
     );
     assert!(

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use switchyard_tests::live::{
-    binary, eventually, free_port, json, metric_sum, send, start_router, temp_dir, wait_healthy,
-    Process, Router, FAST_REPLICA,
+    binary, eventually, free_port, json, metric_sum, post_ok, send, start_router, temp_dir,
+    wait_healthy, word_tokenizer, Process, Router, FAST_REPLICA,
 };
 
 const PRODUCER: &str = "kv-event-prefix-cache-producer";
@@ -38,6 +38,18 @@ async fn publisher(
     cache_blocks: usize,
     ports: Option<(u16, u16, Option<u16>)>,
 ) -> Publisher {
+    publisher_with(name, shape, replay, cache_blocks, ports, &[]).await
+}
+
+/// As [`publisher`], with `extra` flags.
+async fn publisher_with(
+    name: &str,
+    shape: &str,
+    replay: bool,
+    cache_blocks: usize,
+    ports: Option<(u16, u16, Option<u16>)>,
+    extra: &[&str],
+) -> Publisher {
     for _ in 0..50 {
         let (http, kv_port, replay_port) =
             ports.unwrap_or_else(|| (free_port(), free_port(), replay.then(free_port)));
@@ -53,6 +65,7 @@ async fn publisher(
         if let Some(port) = replay_port {
             flags.extend(["--kv-replay-port".into(), port.to_string()]);
         }
+        flags.extend(extra.iter().map(|s| s.to_string()));
         let mut child = Command::new(binary())
             .args(["mock-replica", "--port", &http.to_string(), "--name", name])
             .args(&flags)
@@ -78,6 +91,11 @@ async fn publisher(
 /// The pipeline: the approximate producer as fallback, the KV-event producer deciding, each
 /// replica an endpoint with its own publisher.
 fn pipeline(publishers: &[&Publisher], rebuild_ms: u64) -> String {
+    pipeline_with(publishers, rebuild_ms, "")
+}
+
+/// As [`pipeline`], with `plugins` (TOML `[[plugins]]` entries) listed first.
+fn pipeline_with(publishers: &[&Publisher], rebuild_ms: u64, plugins: &str) -> String {
     let mut text = format!(
         r#"
 allow_experimental_plugins = true
@@ -91,6 +109,7 @@ reconnect_ms = 100
 replay_timeout_ms = 2000
 idle_reconnect_ms = 300
 
+{plugins}
 [[plugins]]
 type = "approx-prefix-cache-producer"
 
@@ -137,22 +156,20 @@ async fn direct(replica: SocketAddr, prompt: &[u32]) -> Value {
     json(response).await
 }
 
+/// Sends a completion of `prompt` (token ids or text) through the router; returns the replica
+/// that answered and the usage it reported.
+async fn completed(router: &Router, prompt: Value) -> (String, Value) {
+    let body = serde_json::json!({"model": "test-model", "prompt": prompt, "max_tokens": 1});
+    let response = post_ok(router.api(), "/v1/completions", &body).await;
+    let replica = switchyard_tests::live::replica_name(&response);
+    (replica, json(response).await["usage"].clone())
+}
+
 /// Sends a completion of `prompt` through the router; returns the replica that answered and
 /// the tokens it had cached.
 async fn routed(router: &Router, prompt: &[u32]) -> (String, u64) {
-    let body = serde_json::json!({"model": "test-model", "prompt": prompt, "max_tokens": 1});
-    let response = send(
-        router.api(),
-        "POST",
-        "/v1/completions",
-        &[],
-        &body.to_string(),
-    )
-    .await;
-    assert_eq!(response.status(), 200);
-    let replica = switchyard_tests::live::replica_name(&response);
-    let body = json(response).await;
-    let cached = body["usage"]["prompt_tokens_details"]["cached_tokens"]
+    let (replica, usage) = completed(router, prompt.into()).await;
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
         .as_u64()
         .expect("usage with cached tokens");
     (replica, cached)
@@ -713,4 +730,142 @@ async fn a_reload_that_adds_a_producer_marks_its_new_index_incomplete() {
     let kept = index_of(&router, 0).await;
     assert_eq!(kept["status"], "exact", "{kept}");
     assert_eq!(gpu_blocks(&kept), 2 * (PROMPT / BLOCK) as u64, "{kept}");
+}
+
+/// The `token-producer` reading the test tokenizer, written next to the router's config.
+const TOKENIZER_PRODUCER: &str = "[[plugins]]\ntype = \"token-producer\"\n\
+     [plugins.parameters]\ntokenizer = { path = \"tokenizer.json\" }\n";
+
+/// Six texts of `PROMPT` tokens with the tokenizer above (`<s>` and 63 words of 5 bytes each,
+/// so the 4-bytes-per-token estimate makes about 79 of them): a 4-block prefix in common.
+fn text_prompts() -> Vec<String> {
+    let words = |start: usize, n: usize| -> Vec<String> {
+        (start..start + n).map(|i| format!("w{i}")).collect()
+    };
+    (0..6)
+        .map(|p| {
+            let mut prompt = words(100, 4 * BLOCK - 1);
+            prompt.extend(words(200 + 100 * p, PROMPT - 4 * BLOCK));
+            prompt.join(" ")
+        })
+        .collect()
+}
+
+/// Sends a text completion through the router; returns the index of the replica that
+/// answered and the usage it reported.
+async fn routed_text(router: &Router, prompt: &str) -> (usize, Value) {
+    let (replica, usage) = completed(router, prompt.into()).await;
+    let i = replica.trim_start_matches('r').parse().expect("r0 or r1");
+    (i, usage)
+}
+
+/// The KV-event producer's predictions over every endpoint: predicted, cached and correct
+/// tokens.
+async fn precise_totals(router: &Router) -> (f64, f64, f64) {
+    let predictions = json(send(router.admin, "GET", "/predictions", &[], "").await).await;
+    let mut totals = (0.0, 0.0, 0.0);
+    for entry in predictions["predictions"].as_array().expect("a list") {
+        if entry["producer"] == PRODUCER {
+            totals.0 += entry["predicted_tokens"].as_f64().unwrap_or(0.0);
+            totals.1 += entry["cached_tokens"].as_f64().unwrap_or(0.0);
+            totals.2 += entry["correct_tokens"].as_f64().unwrap_or(0.0);
+        }
+    }
+    totals
+}
+
+/// Replicas r0 (array events) and r1 (map events, both with replay) of `cache_blocks` blocks
+/// each, tokenizing with the test tokenizer, and a router over them with `plugins` listed first,
+/// subscribed to both.
+async fn tokenizing_fleet(
+    tag: &str,
+    cache_blocks: usize,
+    plugins: &str,
+) -> ([Publisher; 2], Router) {
+    let dir = temp_dir(tag);
+    let file = word_tokenizer(&dir);
+    let flags = ["--tokenizer", file.as_str()];
+    let replicas = [
+        publisher_with("r0", "array", true, cache_blocks, None, &flags).await,
+        publisher_with("r1", "map", true, cache_blocks, None, &flags).await,
+    ];
+    let config = pipeline_with(&[&replicas[0], &replicas[1]], 60_000, plugins);
+    let router = start_router(&dir, &config, "", &[]).await;
+    for (i, r) in replicas.iter().enumerate() {
+        subscribed(&router, i, r).await;
+    }
+    (replicas, router)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_tokenized_with_the_engines_tokenizer_is_predicted_exactly() {
+    // 24 blocks of cache against prompts of 16: the caches churn.
+    let (replicas, router) = tokenizing_fleet("kv-tokenizer", 24, TOKENIZER_PRODUCER).await;
+    let prompts = text_prompts();
+    for round in 0..5 {
+        for (p, prompt) in prompts.iter().enumerate() {
+            let (i, usage) = routed_text(&router, prompt).await;
+            // The replica counted the tokenizer's tokens, not the estimate's.
+            assert_eq!(usage["prompt_tokens"], PROMPT, "round {round} prompt {p}");
+            caught_up(&router, i, &replicas[i]).await;
+        }
+    }
+    let decisions = json(send(router.admin, "GET", "/decisions?limit=30", &[], "").await).await;
+    assert_eq!(decisions.as_array().map(Vec::len), Some(30));
+    let text = decisions.to_string();
+    assert!(!text.contains("estimate"), "nothing was estimated: {text}");
+    let (predicted, cached, correct) = precise_totals(&router).await;
+    let (precision, recall) = (correct / predicted, correct / cached);
+    eprintln!(
+        "text with the tokenizer: predicted {predicted}, cached {cached}, correct {correct} \
+         (precision {precision:.3}, recall {recall:.3})"
+    );
+    assert!(cached > 0.0 && predicted > 0.0, "the caches were hit");
+    assert!(precision >= 0.95, "precision {precision:.3}");
+    assert!(recall >= 0.95, "recall {recall:.3}");
+
+    // Chat is not rendered through a chat template yet: the estimate, and the record says why.
+    let chat = serde_json::json!({"model": "test-model", "max_tokens": 1,
+        "messages": [{"role": "user", "content": prompts[0]}]});
+    post_ok(router.api(), "/v1/chat/completions", &chat).await;
+    let decisions = json(send(router.admin, "GET", "/decisions?limit=1", &[], "").await).await;
+    let text = decisions.to_string();
+    assert!(text.contains("estimated: chat: no chat template"), "{text}");
+    assert!(
+        text.contains("estimate from approx-prefix-cache-producer: a text prompt"),
+        "{text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_without_a_tokenizer_is_marked_estimated_and_mispredicted() {
+    let (replicas, router) = tokenizing_fleet("kv-no-tokenizer", 1000, "").await;
+    for _ in 0..3 {
+        for prompt in &text_prompts() {
+            let (i, _) = routed_text(&router, prompt).await;
+            caught_up(&router, i, &replicas[i]).await;
+        }
+    }
+    let decisions = json(send(router.admin, "GET", "/decisions?limit=1", &[], "").await).await;
+    let text = decisions.to_string();
+    assert!(
+        text.contains("estimated: no tokenizer configured"),
+        "{text}"
+    );
+    assert!(
+        text.contains("estimate from approx-prefix-cache-producer: a text prompt"),
+        "{text}"
+    );
+    // The estimate counts about 79 tokens where the engines count 64: what the fallback
+    // predicts for the KV-event producer is not what the replicas cached.
+    let (predicted, cached, correct) = precise_totals(&router).await;
+    eprintln!(
+        "text without the tokenizer: predicted {predicted}, cached {cached}, correct {correct}"
+    );
+    assert!(cached > 0.0, "the caches were hit");
+    assert!(
+        correct / predicted < 0.9,
+        "precision {:.3} of the estimate",
+        correct / predicted
+    );
 }

@@ -33,3 +33,4 @@ mod serve_connections;
 mod serve_failures;
 mod simulate_kv_events;
 mod supply_chain;
+mod tokenizer;

@@ -551,14 +551,18 @@ async fn a_small_record_ring_keeps_the_latest_decisions_each_its_own() {
             (3, 1, 2),
             "{record}"
         );
-        // token-producer writes nothing, the other two one value per candidate.
-        let written: Vec<usize> = decision["producers"]
-            .as_array()
-            .expect("producers")
+        // token-producer notes once why the text's ids are estimated, the other two write
+        // one value per candidate.
+        let producers = decision["producers"].as_array().expect("producers");
+        let written: Vec<usize> = producers
             .iter()
             .map(|p| p["attributes"].as_array().map_or(0, Vec::len))
             .collect();
-        assert_eq!(written, [0, 2, 2], "{record}");
+        assert_eq!(written, [1, 2, 2], "{record}");
+        assert_eq!(
+            producers[0]["attributes"][0]["value"]["text"], "estimated: no tokenizer configured",
+            "{record}"
+        );
         for scorer in decision["scorers"].as_array().expect("scorers") {
             assert_eq!(
                 scorer["scores"].as_array().map(Vec::len),

@@ -431,12 +431,11 @@ fn trace_lines_become_requests_in_arrival_order() {
 
 #[test]
 fn prompt_estimate_pads_the_last_word_with_zeros() {
-    assert_eq!(prompt_to_tokens("abcd"), vec![u32::from_le_bytes(*b"abcd")]);
-    assert_eq!(
-        prompt_to_tokens("abcde"),
-        vec![u32::from_le_bytes(*b"abcd"), 0x65]
-    );
-    assert_eq!(prompt_to_tokens(""), Vec::<u32>::new());
+    let estimate = crate::pipeline::tokenize::PromptTokenizer::estimate();
+    let tokens = |text: &str| prompt_to_tokens(text.to_string(), &estimate);
+    assert_eq!(tokens("abcd"), vec![u32::from_le_bytes(*b"abcd")]);
+    assert_eq!(tokens("abcde"), vec![u32::from_le_bytes(*b"abcd"), 0x65]);
+    assert_eq!(tokens(""), Vec::<u32>::new());
 }
 
 #[test]
@@ -475,12 +474,29 @@ fn trace_errors_name_the_line() {
 #[test]
 fn missing_trace_file_names_the_path() {
     let path = std::path::Path::new("no-such-dir/trace.jsonl");
-    let err = read_trace(path).unwrap_err();
+    let err = read_trace(path, &Default::default()).unwrap_err();
     assert!(
         err.to_string()
             .starts_with("cannot read trace no-such-dir/trace.jsonl: "),
         "{err}"
     );
+}
+
+#[test]
+fn trace_text_is_tokenized_by_the_given_tokenizer() {
+    let dir = std::env::temp_dir().join(format!("switchyard-trace-tok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("trace.jsonl");
+    std::fs::write(
+        &path,
+        "{\"arrival_ms\": 0, \"prompt\": \"hello world\", \"output_tokens\": 1}\n",
+    )
+    .unwrap();
+    let tokenizer = crate::pipeline::tokenize::tests::loaded(true, 1 << 20);
+    let exact = read_trace(&path, &tokenizer).unwrap();
+    assert_eq!(*exact[0].tokens, [0, 2, 3]);
+    let estimated = read_trace(&path, &Default::default()).unwrap();
+    assert_eq!(*estimated[0].tokens, [1819043176, 1870078063, 6581362]);
 }
 
 #[test]

@@ -2,7 +2,8 @@
 //!
 //! Each line (blank lines and `#` comments aside; see [`crate::jsonl`]) is an object with
 //! `arrival_ms` (≥ 0), `output_tokens` (≥ 1), exactly one of `tokens` (token ids) or `prompt`
-//! (text, turned into tokens by [`prompt_to_tokens`]), and optionally `model` and `cache_salt` (default empty), `group` (default 0) and `step`
+//! (text, turned into tokens by [`prompt_to_tokens`]: the config's tokenizer, or the estimate),
+//! and optionally `model` and `cache_salt` (default empty), `group` (default 0) and `step`
 //! (default none). Unknown keys are refused. Requests are ordered by arrival (ties keep file
 //! order) and numbered from 0. [`TraceParams`] puts the client arrival model over the trace's
 //! times.
@@ -10,6 +11,8 @@
 use super::arrivals::{check_arrival_params, Arrivals, Delays, DEFAULT_JITTER_MS};
 use super::number_by_arrival;
 use crate::jsonl;
+use crate::pipeline::tokenize::PromptTokenizer;
+use crate::pipeline::Prompt;
 use crate::sim::config::ParamError;
 use crate::sim::router::SimRequest;
 use serde::{Deserialize, Serialize};
@@ -105,20 +108,25 @@ struct TraceLine {
     step: Option<u32>,
 }
 
-/// The token estimate of a text prompt: its UTF-8 bytes, zero-padded to a multiple of 4, read
-/// as little-endian `u32`s (the host's tokenizer estimate).
-pub fn prompt_to_tokens(prompt: &str) -> Vec<u32> {
-    crate::pipeline::tokenize::pack_bytes(prompt.as_bytes())
+/// The token ids of a text prompt as the host makes them for a completions request with the
+/// same text (with [`PromptTokenizer::estimate`]: its UTF-8 bytes, zero-padded to a multiple
+/// of 4, read as little-endian `u32`s).
+pub fn prompt_to_tokens(prompt: String, tokenizer: &PromptTokenizer) -> Vec<u32> {
+    let mut prompts = tokenizer.tokenize(Prompt::Text(prompt)).prompts;
+    prompts.pop().unwrap_or_default()
 }
 
-/// Reads a JSONL trace file line by line.
-pub fn read_trace(path: &Path) -> Result<Vec<SimRequest>, TraceError> {
+/// Reads a JSONL trace file line by line, text prompts tokenized by `tokenizer`.
+pub fn read_trace(path: &Path, tokenizer: &PromptTokenizer) -> Result<Vec<SimRequest>, TraceError> {
     let io = |source| TraceError::Io {
         path: path.to_path_buf(),
         source,
     };
     let file = std::fs::File::open(path).map_err(io)?;
-    parse_trace_lines(jsonl::ContentLines::new(std::io::BufReader::new(file)))
+    parse_trace_lines(
+        jsonl::ContentLines::new(std::io::BufReader::new(file)),
+        tokenizer,
+    )
 }
 
 /// Parses JSONL trace text; the first bad line is reported with its number.
@@ -128,11 +136,12 @@ pub fn parse_trace(text: &str) -> Result<Vec<SimRequest>, TraceError> {
 
 /// Parses JSONL trace bytes (see [`crate::jsonl`] for comments, byte-order marks and UTF-8).
 pub fn parse_trace_bytes(bytes: &[u8]) -> Result<Vec<SimRequest>, TraceError> {
-    parse_trace_lines(jsonl::content_lines(bytes))
+    parse_trace_lines(jsonl::content_lines(bytes), &PromptTokenizer::estimate())
 }
 
 fn parse_trace_lines(
     lines: impl Iterator<Item = Result<(usize, String), jsonl::LineError>>,
+    tokenizer: &PromptTokenizer,
 ) -> Result<Vec<SimRequest>, TraceError> {
     let mut requests = Vec::new();
     for entry in lines {
@@ -153,7 +162,7 @@ fn parse_trace_lines(
         }
         let tokens = match (parsed.tokens, parsed.prompt) {
             (Some(tokens), None) => tokens,
-            (None, Some(prompt)) => prompt_to_tokens(&prompt),
+            (None, Some(prompt)) => prompt_to_tokens(prompt, tokenizer),
             (Some(_), Some(_)) => {
                 return Err(fail(
                     "give either `tokens` or `prompt`, not both".to_string(),
