@@ -8,33 +8,12 @@
 //! through the engine → request key map. Each tier (GPU, CPU, other) is counted apart.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
 
 use switchyard_plugin_api::kv::{Medium, StoredBlocks};
-use switchyard_prefix_hashing::{hash_prompt_into, prompt_seed};
+use switchyard_prefix_hashing::{hash_prompt_into, prompt_seed, BlockHashBuild};
 
-/// Block keys (ours and the engines') are already uniform 64-bit hashes: a map uses them as
-/// they are instead of hashing them again.
-#[derive(Default)]
-pub struct KeyHasher(u64);
-
-impl Hasher for KeyHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, value: u64) {
-        self.0 = value;
-    }
-}
-
-type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<KeyHasher>>;
+/// Block keys (ours and the engines') are already uniform 64-bit hashes.
+type KeyMap<V> = HashMap<u64, V, BlockHashBuild>;
 
 /// Tiers in the order their counts are kept.
 pub const TIERS: usize = 3;

@@ -6,11 +6,37 @@
 //! with the reference endpoint picker: XXH64 with seed 0 throughout, the chain starting from the
 //! hash of the model name followed by the cache salt.
 
+use std::hash::{BuildHasherDefault, Hasher};
+
 use xxhash_rust::xxh64::{xxh64, Xxh64};
 
 /// Tokens converted per step by the portable path.
 #[cfg(any(test, not(target_endian = "little")))]
 const BUF_TOKENS: usize = 256;
+
+/// Block hashes are already uniform 64-bit values: a map keyed by them uses them as they are
+/// instead of hashing them again (`HashMap<u64, V, BlockHashBuild>`).
+#[derive(Default)]
+pub struct PassThroughHasher(u64);
+
+impl Hasher for PassThroughHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+}
+
+/// The hasher builder of maps keyed by block hashes.
+pub type BlockHashBuild = BuildHasherDefault<PassThroughHasher>;
 
 /// Start of the hash chain for every prompt of a request: XXH64 of the model name's bytes
 /// followed by the cache salt's bytes (nothing is appended when the salt is empty).

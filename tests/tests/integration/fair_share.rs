@@ -8,31 +8,19 @@ use std::process::Command;
 use switchyard_tests::live::{binary, temp_dir};
 use switchyard_tests::{plugin_dir, workspace_root};
 
-/// Replays `prompts` (one request per entry, all at time 0 so they share one window) and
-/// returns each request's prompt index and endpoint.
-fn place(tag: &str, prompts: &[usize], prompt_tokens: usize) -> Vec<(usize, String)> {
+/// Replays the request `lines` through `configs/default.toml` (with decision records unless
+/// `brief`) and returns the decisions, in order.
+fn replay(tag: &str, lines: &[String], brief: bool) -> Vec<serde_json::Value> {
     let dir = temp_dir(tag);
     let input = dir.join("requests.jsonl");
-    let lines: Vec<String> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, &p)| {
-            let tokens: Vec<u32> = (0..prompt_tokens as u32)
-                .map(|t| p as u32 * 100_000 + t)
-                .collect();
-            serde_json::json!({"arrival_ms": 0, "id": format!("r{i}"), "tokens": tokens})
-                .to_string()
-        })
-        .collect();
     std::fs::write(&input, lines.join("\n")).unwrap();
-    let output = Command::new(binary())
-        .args([
-            "replay",
-            "--config",
-            "configs/default.toml",
-            "--brief",
-            "--plugin-dir",
-        ])
+    let mut command = Command::new(binary());
+    command.args(["replay", "--config", "configs/default.toml"]);
+    if brief {
+        command.arg("--brief");
+    }
+    let output = command
+        .arg("--plugin-dir")
         .arg(plugin_dir())
         .arg("--input")
         .arg(&input)
@@ -44,16 +32,41 @@ fn place(tag: &str, prompts: &[usize], prompt_tokens: usize) -> Vec<(usize, Stri
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let mut placed = Vec::new();
-    for line in String::from_utf8_lossy(&output.stdout).lines() {
-        let value: serde_json::Value = serde_json::from_str(line).unwrap();
-        let id = value["id"].as_str().unwrap();
-        let index: usize = id[1..].parse().unwrap();
-        let endpoint = value["endpoints"][0].as_str().expect("placed").to_string();
-        placed.push((prompts[index], endpoint));
-    }
     let _ = std::fs::remove_dir_all(dir);
-    placed
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// The request with id `r{i}`, prompt `p` of `length` tokens, arriving at `at` ms.
+fn request(i: usize, at: f64, p: usize, length: usize) -> serde_json::Value {
+    let tokens: Vec<u32> = (0..length as u32).map(|t| p as u32 * 100_000 + t).collect();
+    serde_json::json!({"arrival_ms": at, "id": format!("r{i}"), "tokens": tokens})
+}
+
+/// The index `i` of a decision's request id `r{i}`, and its endpoint.
+fn placed(decision: &serde_json::Value) -> (usize, String) {
+    let index = decision["id"].as_str().unwrap()[1..].parse().unwrap();
+    let endpoint = decision["endpoints"][0].as_str().expect("placed");
+    (index, endpoint.to_string())
+}
+
+/// Replays `prompts` (one request per entry, all at time 0 so they share one window) and
+/// returns each request's prompt index and endpoint.
+fn place(tag: &str, prompts: &[usize], prompt_tokens: usize) -> Vec<(usize, String)> {
+    let lines: Vec<String> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, &p)| request(i, 0.0, p, prompt_tokens).to_string())
+        .collect();
+    replay(tag, &lines, true)
+        .iter()
+        .map(|decision| {
+            let (index, endpoint) = placed(decision);
+            (prompts[index], endpoint)
+        })
+        .collect()
 }
 
 fn per_endpoint(placed: &[(usize, String)]) -> BTreeMap<String, usize> {
@@ -100,52 +113,26 @@ fn requests_that_share_nothing_are_spread_evenly() {
     assert!(counts.values().all(|&n| n == 8), "{counts:?}");
 }
 
-/// Replays `requests` (`(arrival ms, prompt index, prompt tokens)`, one request each) through
-/// `config` with decision records; returns each request's prompt index, endpoint and the
-/// burst-affinity filter's note.
-fn place_records(
-    tag: &str,
-    config: &str,
-    requests: &[(f64, usize, usize)],
-) -> Vec<(usize, String, String)> {
-    let dir = temp_dir(tag);
-    let input = dir.join("requests.jsonl");
+/// Replays `requests` (`(arrival ms, prompt index, prompt tokens)`, one request each) with
+/// decision records; returns each request's prompt index, endpoint and the burst-affinity
+/// filter's note.
+fn place_records(tag: &str, requests: &[(f64, usize, usize)]) -> Vec<(usize, String, String)> {
     let lines: Vec<String> = requests
         .iter()
         .enumerate()
-        .map(|(i, &(at, p, length))| {
-            let tokens: Vec<u32> = (0..length as u32).map(|t| p as u32 * 100_000 + t).collect();
-            serde_json::json!({"arrival_ms": at, "id": format!("r{i}"), "tokens": tokens})
-                .to_string()
-        })
+        .map(|(i, &(at, p, length))| request(i, at, p, length).to_string())
         .collect();
-    std::fs::write(&input, lines.join("\n")).unwrap();
-    let output = Command::new(binary())
-        .args(["replay", "--config", config, "--plugin-dir"])
-        .arg(plugin_dir())
-        .arg("--input")
-        .arg(&input)
-        .current_dir(workspace_root())
-        .output()
-        .expect("switchyard runs");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let mut placed = Vec::new();
-    for line in String::from_utf8_lossy(&output.stdout).lines() {
-        let value: serde_json::Value = serde_json::from_str(line).unwrap();
-        let index: usize = value["id"].as_str().unwrap()[1..].parse().unwrap();
-        let endpoint = value["endpoints"][0].as_str().expect("placed").to_string();
-        let note = value["decision"]["filters"][0]["note"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        placed.push((requests[index].1, endpoint, note));
-    }
-    let _ = std::fs::remove_dir_all(dir);
-    placed
+    replay(tag, &lines, false)
+        .iter()
+        .map(|decision| {
+            let (index, endpoint) = placed(decision);
+            let note = decision["decision"]["filters"][0]["note"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            (requests[index].1, endpoint, note)
+        })
+        .collect()
 }
 
 #[test]
@@ -176,7 +163,7 @@ fn a_burst_cut_into_windows_keeps_the_plans_balance_past_the_load_gate() {
             (wave + (k % 40) as f64 * 0.02, g, 700 + 450 * g)
         })
         .collect();
-    let placed = place_records("gate", "configs/default.toml", &requests);
+    let placed = place_records("gate", &requests);
     let released: Vec<&String> = placed
         .iter()
         .map(|(_, _, note)| note)
@@ -203,12 +190,6 @@ fn a_scrape_still_counting_a_finished_burst_does_not_skew_the_next() {
     // scrape still counts 20 running requests on three of the four replicas (a burst of ours
     // that has since finished). The next burst goes exactly where it goes without that scrape.
     let place = |stale: bool| {
-        let dir = temp_dir(if stale {
-            "stale-scrape"
-        } else {
-            "fresh-scrape"
-        });
-        let input = dir.join("requests.jsonl");
         let metrics = |running: fn(usize) -> u32| -> serde_json::Value {
             (0..4)
                 .map(|r| {
@@ -222,42 +203,21 @@ fn a_scrape_still_counting_a_finished_burst_does_not_skew_the_next() {
             "arrival_ms": 0, "id": "before", "tokens": [1, 2, 3], "metrics": metrics(|_| 0)
         })
         .to_string()];
-        for i in 0..64u32 {
-            let p = i % 8;
-            let tokens: Vec<u32> = (0..640).map(|t| p * 100_000 + t).collect();
-            let mut line =
-                serde_json::json!({"arrival_ms": 500, "id": format!("r{i}"), "tokens": tokens});
+        for i in 0..64 {
+            let mut line = request(i, 500.0, i % 8, 640);
             if i == 0 && stale {
                 line["metrics"] = metrics(|r| if r == 3 { 0 } else { 20 });
             }
             lines.push(line.to_string());
         }
-        std::fs::write(&input, lines.join("\n")).unwrap();
-        let output = Command::new(binary())
-            .args(["replay", "--config", "configs/default.toml", "--brief"])
-            .arg("--plugin-dir")
-            .arg(plugin_dir())
-            .arg("--input")
-            .arg(&input)
-            .current_dir(workspace_root())
-            .output()
-            .expect("switchyard runs");
-        assert!(
-            output.status.success(),
-            "{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let _ = std::fs::remove_dir_all(dir);
-        String::from_utf8_lossy(&output.stdout)
-            .lines()
-            .map(|line| {
-                let value: serde_json::Value = serde_json::from_str(line).unwrap();
-                let endpoint = value["endpoints"][0].as_str().expect("placed");
-                (
-                    value["id"].as_str().unwrap().to_string(),
-                    endpoint.to_string(),
-                )
-            })
+        let tag = if stale {
+            "stale-scrape"
+        } else {
+            "fresh-scrape"
+        };
+        replay(tag, &lines, true)
+            .iter()
+            .map(|d| (d["id"].to_string(), d["endpoints"][0].to_string()))
             .collect::<Vec<_>>()
     };
     let fresh = place(false);
