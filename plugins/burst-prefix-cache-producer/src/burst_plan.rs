@@ -396,13 +396,14 @@ impl BurstPlan {
                 return;
             };
             let size = estimate.size(trail.seen) * trail.weight;
-            // Another replica this group already has a part on and that is below the level,
-            // else the least planned replica.
+            // Another replica this group already has a part on and that has room below the
+            // level for more than half a member, else the least planned replica. (A home with
+            // less room would make the move too small to take, and leave `over` as it is.)
             let target = trail
                 .shares
                 .iter()
                 .filter_map(|s| fleet.position(&s.replica))
-                .filter(|&r| r != over && fleet.planned[r] < fleet.level)
+                .filter(|&r| r != over && fleet.planned[r] + fleet.per_member / 2.0 < fleet.level)
                 .min_by(|&a, &b| fleet.order(a, b))
                 .unwrap_or_else(|| fleet.least_planned());
             let amount = load
