@@ -5,12 +5,17 @@
 //! The tokenizer is a byte-level BPE of 16k tokens trained here on the repository's docs, so
 //! no vocabulary is shipped or downloaded; the prompt is English prose from the same docs.
 //! `SWITCHYARD_BENCH_TOKENIZER=/path/to/tokenizer.json` adds a run with a model's real file.
+//!
+//! A chat request's own cost: rendering a conversation through a ChatML-style chat template
+//! (the shape of Qwen's, written here), alone and with the encoding of the result.
 
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use switchyard::pipeline::chat_template::ChatTemplate;
+use switchyard::pipeline::request::ChatMessage;
 use switchyard::pipeline::tokenize::{PromptTokenizer, DEFAULT_MAX_PROMPT_BYTES};
 use switchyard::pipeline::Prompt;
 use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
@@ -123,11 +128,79 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
+/// A ChatML-style template: a default system prompt when the chat has none, each message
+/// between `<|im_start|>` and `<|im_end|>`, an unknown role refused.
+const CHATML: &str = "{% if messages[0]['role'] != 'system' %}<|im_start|>system\n\
+You are a helpful assistant.<|im_end|>\n{% endif %}\n\
+{% for message in messages %}\n\
+{% if message['role'] not in ['system', 'user', 'assistant'] %}\
+{{ raise_exception('unknown role ' ~ message['role']) }}{% endif %}\n\
+<|im_start|>{{ message['role'] }}\n{{ message['content'].strip() }}<|im_end|>\n\n\
+{% endfor %}\n\
+{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// A system prompt and three exchanges, each message a few lines of `text`.
+fn conversation(text: &str) -> Vec<ChatMessage> {
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty()).cycle();
+    let mut message = |role: &str| ChatMessage {
+        role: role.to_string(),
+        content: (0..4)
+            .filter_map(|_| lines.next())
+            .collect::<Vec<_>>()
+            .join("\n"),
+    };
+    let mut messages = vec![message("system")];
+    for _ in 0..3 {
+        messages.push(message("user"));
+        messages.push(message("assistant"));
+    }
+    messages.push(message("user"));
+    messages
+}
+
+fn bench_chat(c: &mut Criterion) {
+    let text = corpus();
+    let tokenizer_file = train(&text);
+    let template_file = tokenizer_file.with_file_name("chatml.jinja");
+    std::fs::write(&template_file, CHATML).expect("template written");
+    let template = ChatTemplate::compile(
+        CHATML.to_string(),
+        &template_file,
+        String::new(),
+        "<|endoftext|>".to_string(),
+    )
+    .expect("the template parses");
+    let tokenizer = PromptTokenizer::load_with(
+        &tokenizer_file,
+        Some(template_file.as_path()),
+        DEFAULT_MAX_PROMPT_BYTES,
+    )
+    .expect("a tokenizer.json");
+    let messages = conversation(&text);
+    let rendered = template.render(&messages).expect("renders");
+    let tokenized = tokenizer.tokenize(Prompt::Chat(messages.clone()));
+    assert_eq!(tokenized.estimated, None, "the chat is rendered");
+    eprintln!(
+        "chat: {} messages, {} bytes rendered, {} tokens",
+        messages.len(),
+        rendered.len(),
+        tokenized.prompts[0].len()
+    );
+    let mut group = c.benchmark_group("chat");
+    group.bench_function("render, ChatML template", |b| {
+        b.iter(|| template.render(black_box(&messages)))
+    });
+    group.bench_function("render and encode, bpe 16k trained on the docs", |b| {
+        b.iter(|| tokenizer.tokenize(Prompt::Chat(black_box(messages.clone()))))
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .sample_size(10)
         .measurement_time(Duration::from_secs(5));
-    targets = bench
+    targets = bench, bench_chat
 }
 criterion_main!(benches);

@@ -91,9 +91,17 @@ pub fn render(config: &LoadedConfig, registry: &Registry, pipeline: &Pipeline) -
         for doc in &docs {
             match given.get(doc.name.as_str()) {
                 Some(toml::Value::Table(file)) if plugin.host_native && doc.name == "tokenizer" => {
+                    // Both files by their absolute paths, so the output checks from anywhere.
                     let path = file.get("path").and_then(toml::Value::as_str).unwrap_or("");
                     let path = toml_string(&absolute(&base.join(path)));
-                    let _ = writeln!(out, "tokenizer = {{ path = {path} }}");
+                    let chat = file
+                        .get("chatTemplate")
+                        .and_then(toml::Value::as_str)
+                        .map(|t| {
+                            format!(", chatTemplate = {}", toml_string(&absolute(&base.join(t))))
+                        })
+                        .unwrap_or_default();
+                    let _ = writeln!(out, "tokenizer = {{ path = {path}{chat} }}");
                 }
                 Some(value) => {
                     let _ = writeln!(out, "{} = {}", doc.name, value);

@@ -69,9 +69,13 @@ pub struct MockOptions {
     #[arg(long, default_value_t = 10_000)]
     pub kv_events_buffer: usize,
     /// Tokenize completions text with this `tokenizer.json` (special tokens added, as vLLM
-    /// does) instead of the host's 4-bytes-per-token estimate; chat keeps the estimate.
+    /// does) instead of the host's 4-bytes-per-token estimate, and chat through the chat
+    /// template of the `tokenizer_config.json` beside it (else chat keeps the estimate).
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<std::path::PathBuf>,
+    /// Render chat through this Jinja chat template instead of the `tokenizer_config.json`'s.
+    #[arg(long, value_name = "FILE", requires = "tokenizer")]
+    pub chat_template: Option<std::path::PathBuf>,
 }
 
 impl MockOptions {
@@ -92,6 +96,7 @@ impl MockOptions {
             kv_events_format: kv_publish::Shape::Array,
             kv_events_buffer: 10_000,
             tokenizer: None,
+            chat_template: None,
         }
     }
 
@@ -171,9 +176,8 @@ pub async fn start(options: MockOptions) -> Result<Server, String> {
     let fleet = options.fleet()?;
     let tokenizer = match &options.tokenizer {
         // An engine has no bound on the text it tokenizes; the body limit bounds it here.
-        Some(path) => {
-            PromptTokenizer::load(path, u64::MAX).map_err(|e| format!("--tokenizer: {e}"))?
-        }
+        Some(path) => PromptTokenizer::load_with(path, options.chat_template.as_deref(), u64::MAX)
+            .map_err(|e| format!("--tokenizer: {e}"))?,
         None => PromptTokenizer::estimate(),
     };
     let listener =

@@ -3,6 +3,7 @@
 //! chosen endpoint's prefix cache.
 
 pub mod carry;
+pub mod chat_template;
 pub mod prediction;
 pub mod record;
 pub mod request;

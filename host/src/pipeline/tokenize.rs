@@ -5,12 +5,14 @@
 //!
 //! Token ids in the request pass through. With a `tokenizer` (a model's `tokenizer.json`),
 //! completions text is encoded as vLLM's completions endpoint encodes it, special tokens
-//! added. Otherwise, and for chat (no chat template is rendered), for a prompt over
-//! `maxPromptBytes` and when the tokenizer fails, text is estimated at four bytes per token
+//! added, and chat is rendered through the model's chat template ([`ChatTemplate`]) and the
+//! result encoded without adding special tokens, as its chat endpoint does. Otherwise (no
+//! tokenizer, chat without a template or whose template refused it, a prompt over
+//! `maxPromptBytes`, the tokenizer failing), text is estimated at four bytes per token
 //! (bytes zero-padded to a multiple of four, read as little-endian `u32`), as the reference's
 //! tokenizer-free backend does, so prefix hashes of the same text agree with it; the request
 //! is then marked estimated, with the reason. Several texts in one request are one prompt
-//! each. Chat messages contribute role then content, with no separators.
+//! each. Estimated chat messages contribute role then content, with no separators.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -20,7 +22,8 @@ use switchyard_plugin_api::keys::TOKENIZED_PROMPT;
 use switchyard_plugin_api::sdk::{Declare, Instance, Param, PluginFactory, ProduceBatch, Producer};
 use switchyard_plugin_api::{PluginError, PluginKind, ProduceItem, Stability};
 
-use super::request::Prompt;
+use super::chat_template::ChatTemplate;
+use super::request::{ChatMessage, Prompt};
 use crate::config::{ConfigError, LoadedConfig};
 use crate::plugins::builtin::Builtin;
 
@@ -51,10 +54,13 @@ pub struct TokenizerConfig {
 pub struct EstimateConfig {}
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TokenizerFile {
     /// Relative to the config file's directory.
     pub path: String,
+    /// A Jinja chat template, relative to the config file's directory; by default the
+    /// `chat_template` of the `tokenizer_config.json` beside `path`.
+    pub chat_template: Option<String>,
 }
 
 impl TokenizerConfig {
@@ -64,7 +70,8 @@ impl TokenizerConfig {
             return Err(PluginError::invalid_parameter(
                 "tokenizer",
                 "`estimate` and `tokenizer` are two backends; set one of them, not both \
-                 (tokenizer = { path = \"FILE\" } for a model's tokenizer.json)",
+                 (tokenizer = { path = \"FILE\", chatTemplate = \"FILE\" } for a model's \
+                 tokenizer.json and, optionally, its chat template)",
             ));
         }
         if let Some(max) = self.max_prompt_bytes {
@@ -88,7 +95,12 @@ impl TokenizerConfig {
 pub enum Estimated {
     NoTokenizer,
     Chat,
-    TooLong { bytes: usize, max: u64 },
+    /// The chat template failed on this request's messages.
+    ChatTemplate(String),
+    TooLong {
+        bytes: usize,
+        max: u64,
+    },
     Failed(String),
 }
 
@@ -97,6 +109,9 @@ impl std::fmt::Display for Estimated {
         match self {
             Estimated::NoTokenizer => f.write_str("estimated: no tokenizer configured"),
             Estimated::Chat => f.write_str("estimated: chat: no chat template"),
+            Estimated::ChatTemplate(error) => {
+                write!(f, "estimated: the chat template failed: {error}")
+            }
             Estimated::TooLong { bytes, max } => write!(
                 f,
                 "estimated: the text is {bytes} bytes, over maxPromptBytes = {max}"
@@ -118,6 +133,8 @@ pub struct Tokenized {
 #[derive(Clone)]
 pub struct PromptTokenizer {
     file: Option<Arc<tokenizers::Tokenizer>>,
+    /// The model's chat template; only with `file`.
+    chat: Option<Arc<ChatTemplate>>,
     max_prompt_bytes: u64,
 }
 
@@ -125,6 +142,7 @@ impl std::fmt::Debug for PromptTokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PromptTokenizer")
             .field("file", &self.file.is_some())
+            .field("chat", &self.chat.is_some())
             .field("max_prompt_bytes", &self.max_prompt_bytes)
             .finish()
     }
@@ -141,12 +159,24 @@ impl PromptTokenizer {
     pub fn estimate() -> PromptTokenizer {
         PromptTokenizer {
             file: None,
+            chat: None,
             max_prompt_bytes: DEFAULT_MAX_PROMPT_BYTES,
         }
     }
 
-    /// Reads a `tokenizer.json`; the error names the file and what is wrong with it.
+    /// Reads a `tokenizer.json` and the chat template beside it (the `chat_template` of its
+    /// `tokenizer_config.json`, when there is one); the error names the file and what is
+    /// wrong with it.
     pub fn load(path: &Path, max_prompt_bytes: u64) -> Result<PromptTokenizer, String> {
+        PromptTokenizer::load_with(path, None, max_prompt_bytes)
+    }
+
+    /// As [`PromptTokenizer::load`], the chat template read from `chat_template` when given.
+    pub fn load_with(
+        path: &Path,
+        chat_template: Option<&Path>,
+        max_prompt_bytes: u64,
+    ) -> Result<PromptTokenizer, String> {
         let text = std::fs::read(path)
             .map_err(|e| format!("cannot read tokenizer file {}: {e}", path.display()))?;
         let mut tokenizer = tokenizers::Tokenizer::from_bytes(&text).map_err(|e| {
@@ -161,15 +191,17 @@ impl PromptTokenizer {
             .with_truncation(None)
             .map_err(|e| format!("tokenizer file {}: {e}", path.display()))?;
         tokenizer.with_padding(None);
+        let chat = ChatTemplate::find(path, chat_template)?;
         Ok(PromptTokenizer {
             file: Some(Arc::new(tokenizer)),
+            chat: chat.map(Arc::new),
             max_prompt_bytes,
         })
     }
 
-    /// The backend a config names: its `token-producer`'s `tokenizer` (the path relative to
-    /// the config's directory), else the estimate. A file that cannot be read or parsed is a
-    /// config error at the `tokenizer` line.
+    /// The backend a config names: its `token-producer`'s `tokenizer` (the paths relative to
+    /// the config's directory), else the estimate. A file that cannot be read or parsed, a
+    /// chat template among them, is a config error at the `tokenizer` line.
     pub fn for_config(config: &LoadedConfig) -> Result<PromptTokenizer, ConfigError> {
         let Some((index, entry)) = config
             .config
@@ -194,16 +226,26 @@ impl PromptTokenizer {
         match parsed.tokenizer {
             None => Ok(PromptTokenizer {
                 file: None,
+                chat: None,
                 max_prompt_bytes: max,
             }),
-            Some(file) => PromptTokenizer::load(&config.base_dir().join(&file.path), max)
-                .map_err(|message| fail("tokenizer", message)),
+            Some(file) => {
+                let base = config.base_dir();
+                let template = file.chat_template.map(|t| base.join(t));
+                PromptTokenizer::load_with(&base.join(&file.path), template.as_deref(), max)
+                    .map_err(|message| fail("tokenizer", message))
+            }
         }
     }
 
     /// Whether text is encoded by a model's tokenizer.
     pub fn is_exact(&self) -> bool {
         self.file.is_some()
+    }
+
+    /// Whether chat is rendered through a chat template and encoded by the tokenizer.
+    pub fn renders_chat(&self) -> bool {
+        self.file.is_some() && self.chat.is_some()
     }
 
     /// Whether tokenizing `prompt` is quick enough to do on an async worker.
@@ -225,7 +267,9 @@ impl PromptTokenizer {
         match prompt {
             Prompt::Tokenized(done) => done,
             Prompt::Tokens(_) | Prompt::Shared { .. } => exact(tokenize(prompt)),
-            Prompt::Chat(_) if self.file.is_some() => estimate(prompt, Estimated::Chat),
+            Prompt::Chat(_) if self.file.is_some() && self.chat.is_none() => {
+                estimate(prompt, Estimated::Chat)
+            }
             _ => {
                 let Some(file) = &self.file else {
                     return estimate(prompt, Estimated::NoTokenizer);
@@ -235,9 +279,13 @@ impl PromptTokenizer {
                     let max = self.max_prompt_bytes;
                     return estimate(prompt, Estimated::TooLong { bytes, max });
                 }
-                match encode_texts(file, &prompt) {
+                let encoded = match (&prompt, &self.chat) {
+                    (Prompt::Chat(messages), Some(chat)) => encode_chat(file, chat, messages),
+                    _ => encode_texts(file, &prompt).map_err(Estimated::Failed),
+                };
+                match encoded {
                     Ok(prompts) => exact(prompts),
-                    Err(error) => estimate(prompt, Estimated::Failed(error)),
+                    Err(why) => estimate(prompt, why),
                 }
             }
         }
@@ -258,8 +306,7 @@ fn text_bytes(prompt: &Prompt) -> usize {
 }
 
 /// Encodes each text with special tokens added (`add_special_tokens = true`, as vLLM's
-/// completions endpoint does). A panic inside the tokenizer is caught and reported like its
-/// errors, so one pathological text costs only its own request's exactness.
+/// completions endpoint does).
 fn encode_texts(
     tokenizer: &tokenizers::Tokenizer,
     prompt: &Prompt,
@@ -269,16 +316,40 @@ fn encode_texts(
         Prompt::Texts(texts) => texts,
         _ => &[],
     };
+    texts
+        .iter()
+        .map(|text| encode(tokenizer, text, true))
+        .collect()
+}
+
+/// Renders `messages` through the chat template and encodes the text without adding special
+/// tokens (the template wrote them), as vLLM's chat endpoint does: one prompt.
+fn encode_chat(
+    tokenizer: &tokenizers::Tokenizer,
+    chat: &ChatTemplate,
+    messages: &[ChatMessage],
+) -> Result<Vec<Vec<u32>>, Estimated> {
+    let render = || chat.render(messages);
+    let text = std::panic::catch_unwind(std::panic::AssertUnwindSafe(render))
+        .unwrap_or_else(|_| Err("it panicked".to_string()))
+        .map_err(Estimated::ChatTemplate)?;
+    encode(tokenizer, &text, false)
+        .map(|ids| vec![ids])
+        .map_err(Estimated::Failed)
+}
+
+/// The ids of one text. A panic inside the tokenizer is caught and reported like its errors,
+/// so one pathological text costs only its own request's exactness.
+fn encode(
+    tokenizer: &tokenizers::Tokenizer,
+    text: &str,
+    add_special_tokens: bool,
+) -> Result<Vec<u32>, String> {
     let encode = || {
-        texts
-            .iter()
-            .map(|text| {
-                tokenizer
-                    .encode_fast(text.as_str(), true)
-                    .map(|encoding| encoding.get_ids().to_vec())
-                    .map_err(|e| e.to_string())
-            })
-            .collect()
+        tokenizer
+            .encode_fast(text, add_special_tokens)
+            .map(|encoding| encoding.get_ids().to_vec())
+            .map_err(|e| e.to_string())
     };
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(encode))
         .unwrap_or_else(|_| Err("it panicked".to_string()))
@@ -382,9 +453,9 @@ pub static FACTORY: PluginFactory = PluginFactory {
     type_name: TYPE_NAME,
     kind: PluginKind::Producer,
     stability: Stability::Beta,
-    description: "Tokenizes the request's prompt (token ids pass through; completions text is \
-                  encoded by the model's tokenizer.json when one is given, else estimated at 4 \
-                  bytes per token).",
+    description: "Tokenizes the request's prompt (token ids pass through; completions text, \
+                  and chat through the model's chat template, is encoded by the model's \
+                  tokenizer.json when one is given, else estimated at 4 bytes per token).",
     parameters: &[
         Param {
             name: "estimate",
@@ -398,11 +469,14 @@ pub static FACTORY: PluginFactory = PluginFactory {
             name: "tokenizer",
             value_type: "table",
             default: "unset",
-            range: "{ path = \"FILE\" }",
+            range: "{ path = \"FILE\", chatTemplate = \"FILE\" }",
             description: "A model's tokenizer.json (relative to the config's directory), read \
                           at start-up and on reload; completions text is encoded with special \
-                          tokens added, as vLLM does. Chat keeps the estimate (no chat \
-                          template). Not with `estimate`.",
+                          tokens added, as vLLM does. Chat is rendered through the chat \
+                          template (`chatTemplate`, a Jinja file, else the `chat_template` of \
+                          the tokenizer_config.json beside the tokenizer.json) and encoded \
+                          without adding special tokens; without a template it keeps the \
+                          estimate. Not with `estimate`.",
         },
         Param {
             name: "maxPromptBytes",
@@ -645,8 +719,8 @@ pub(crate) mod tests {
             error,
             format!(
                 "{}:9: plugin 'token-producer': `estimate` and `tokenizer` are two backends; \
-                 set one of them, not both (tokenizer = {{ path = \"FILE\" }} for a model's \
-                 tokenizer.json)",
+                 set one of them, not both (tokenizer = {{ path = \"FILE\", chatTemplate = \
+                 \"FILE\" }} for a model's tokenizer.json and, optionally, its chat template)",
                 file.display()
             )
         );
@@ -684,5 +758,207 @@ pub(crate) mod tests {
             path.display()
         );
         assert!(corrupt.contains(&expected), "{corrupt}");
+    }
+
+    /// The word-level tokenizer above with the chat markers `<|system|>` (5), `<|user|>` (6),
+    /// `<|assistant|>` (7) and `</s>` (8) as special added tokens, so a rendered chat splits on
+    /// them.
+    fn chat_tokenizer_json() -> String {
+        let mut file: serde_json::Value =
+            serde_json::from_str(&tokenizer_json(true)).expect("JSON");
+        for (id, content) in [
+            (5, "<|system|>"),
+            (6, "<|user|>"),
+            (7, "<|assistant|>"),
+            (8, "</s>"),
+        ] {
+            file["added_tokens"].as_array_mut().expect("a list").push(
+                serde_json::json!({"id": id, "content": content, "single_word": false,
+                    "lstrip": false, "rstrip": false, "normalized": false, "special": true}),
+            );
+            file["model"]["vocab"][content] = id.into();
+        }
+        file.to_string()
+    }
+
+    /// The template of the module docs' example: BOS, each message as its role marker then its
+    /// content, the assistant's marker last.
+    const TEMPLATE: &str = "{{ bos_token }}{% for m in messages %}<|{{ m.role }}|>\
+        {{ m.content }}{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}";
+
+    /// A directory with the chat tokenizer as `models/tokenizer.json` and, when given, this
+    /// `models/tokenizer_config.json`.
+    fn chat_dir(tag: &str, tokenizer_config: Option<serde_json::Value>) -> std::path::PathBuf {
+        let dir = tokenizer_dir(tag, &chat_tokenizer_json());
+        if let Some(config) = tokenizer_config {
+            std::fs::write(dir.join("models/tokenizer_config.json"), config.to_string())
+                .expect("written");
+        }
+        dir
+    }
+
+    fn messages(messages: &[(&str, &str)]) -> Vec<ChatMessage> {
+        messages
+            .iter()
+            .map(|(role, content)| ChatMessage {
+                role: role.to_string(),
+                content: content.to_string(),
+            })
+            .collect()
+    }
+
+    fn chat(conversation: &[(&str, &str)]) -> Prompt {
+        Prompt::Chat(messages(conversation))
+    }
+
+    fn load_chat(dir: &Path) -> PromptTokenizer {
+        PromptTokenizer::load(&dir.join("models/tokenizer.json"), DEFAULT_MAX_PROMPT_BYTES)
+            .expect("loads")
+    }
+
+    #[test]
+    fn chat_is_rendered_through_the_template_and_encoded_without_added_special_tokens() {
+        let dir = chat_dir(
+            "chat",
+            Some(serde_json::json!({
+                "chat_template": TEMPLATE,
+                "bos_token": {"content": "<s>", "special": true},
+                "eos_token": "</s>",
+            })),
+        );
+        let tokenizer = load_chat(&dir);
+        assert!(tokenizer.renders_chat());
+        let conversation = [("system", "hello"), ("user", "world again")];
+        let template = tokenizer.chat.as_ref().expect("a template");
+        let rendered = template.render(&messages(&conversation)).expect("renders");
+        assert_eq!(
+            rendered,
+            "<s><|system|>hello<|user|>world again<|assistant|>"
+        );
+        let tokenized = tokenizer.tokenize(chat(&conversation));
+        // One `<s>`, the template's: the post-processor's is not added.
+        assert_eq!(tokenized.prompts, vec![vec![0, 5, 2, 6, 3, 4, 7]]);
+        assert_eq!(tokenized.estimated, None);
+        // Completions text still gets its special tokens.
+        let text = tokenizer.tokenize(Prompt::Text("hello".into()));
+        assert_eq!(text.prompts, vec![vec![0, 2]]);
+    }
+
+    #[test]
+    fn the_default_of_named_templates_is_taken_and_a_configured_file_wins() {
+        let named = serde_json::json!({
+            "chat_template": [
+                {"name": "tool_use", "template": "{{ raise_exception('not this one') }}"},
+                {"name": "default", "template": TEMPLATE},
+            ],
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+        });
+        let dir = chat_dir("named", Some(named));
+        let tokenized = load_chat(&dir).tokenize(chat(&[("user", "hello")]));
+        assert_eq!(tokenized.prompts, vec![vec![0, 6, 2, 7]]);
+        assert_eq!(tokenized.estimated, None);
+        // A Jinja file named by the config, Python string methods and `tojson` in it; the
+        // special tokens still come from tokenizer_config.json.
+        std::fs::write(
+            dir.join("chat.jinja"),
+            "{% for m in messages %}{% if m.content.startswith(' ') %}{{ raise_exception('x') }}\
+             {% endif %}<|{{ m.role }}|>{{ m.content.strip() }} {{ eos_token }}{% endfor %}\
+             {{ 'hello' | tojson }}",
+        )
+        .expect("written");
+        let configured = for_config(
+            &dir,
+            "tokenizer = { path = \"models/tokenizer.json\", chatTemplate = \"chat.jinja\" }",
+        )
+        .expect("loads");
+        let tokenized = configured.tokenize(chat(&[("user", "world  ")]));
+        assert_eq!(tokenized.prompts, vec![vec![6, 3, 8, 1]]);
+        assert_eq!(tokenized.estimated, None);
+    }
+
+    #[test]
+    fn a_template_that_raises_costs_only_that_request_its_exactness() {
+        let template = format!(
+            "{{% if messages[0].role != 'user' %}}{{{{ raise_exception('Conversation roles \
+             must start with user') }}}}{{% endif %}}{TEMPLATE}"
+        );
+        let dir = chat_dir(
+            "raise",
+            Some(serde_json::json!({"chat_template": template, "bos_token": "<s>"})),
+        );
+        let tokenizer = load_chat(&dir);
+        let refused = chat(&[("system", "hello"), ("user", "world")]);
+        let tokenized = tokenizer.tokenize(refused.clone());
+        assert_eq!(tokenized.prompts, tokenize(refused));
+        let Some(Estimated::ChatTemplate(error)) = &tokenized.estimated else {
+            panic!("{tokenized:?}");
+        };
+        assert!(
+            error.contains("Conversation roles must start with user"),
+            "{error}"
+        );
+        let note = tokenized.estimated.as_ref().expect("a note").to_string();
+        assert!(
+            note.starts_with("estimated: the chat template failed: "),
+            "{note}"
+        );
+        let next = tokenizer.tokenize(chat(&[("user", "world")]));
+        assert_eq!(next.prompts, vec![vec![0, 6, 3, 7]]);
+        assert_eq!(next.estimated, None);
+    }
+
+    #[test]
+    fn a_chat_template_that_does_not_parse_is_refused_naming_the_file() {
+        let broken = "{% for m in messages %}{{ m.content }}";
+        let dir = chat_dir(
+            "unparsed",
+            Some(serde_json::json!({"chat_template": broken})),
+        );
+        let error = for_config(&dir, "tokenizer = { path = \"models/tokenizer.json\" }")
+            .expect_err("refused");
+        let file = dir.join("models/tokenizer_config.json");
+        let expected = format!(
+            "{}:8: plugin 'token-producer': chat template in {} does not parse: syntax error: \
+             unexpected end of input, expected end of block (in chat_template:1)",
+            dir.join("switchyard.toml").display(),
+            file.display()
+        );
+        assert_eq!(error, expected);
+        // A configured file that does not parse, or is not there.
+        std::fs::write(dir.join("broken.jinja"), broken).expect("written");
+        for (template, before, after) in [
+            (
+                "broken.jinja",
+                "chat template in ",
+                " does not parse: syntax error",
+            ),
+            ("none.jinja", "cannot read chat template ", ": "),
+        ] {
+            let parameters = format!(
+                "tokenizer = {{ path = \"models/tokenizer.json\", chatTemplate = \"{template}\" }}"
+            );
+            let error = for_config(&dir, &parameters).expect_err("refused");
+            let named = format!("{before}{}{after}", dir.join(template).display());
+            assert!(error.contains(&named), "{error}");
+        }
+    }
+
+    #[test]
+    fn without_a_chat_template_chat_keeps_the_estimate() {
+        let no_config = load_chat(&chat_dir("no-config", None));
+        assert!(!no_config.renders_chat());
+        let no_template = load_chat(&chat_dir(
+            "no-template",
+            Some(serde_json::json!({"bos_token": "<s>"})),
+        ));
+        for tokenizer in [no_config, no_template] {
+            assert_estimated(
+                &tokenizer,
+                chat(&[("user", "hello")]),
+                Estimated::Chat,
+                "estimated: chat: no chat template",
+            );
+        }
     }
 }

@@ -680,11 +680,18 @@ fn simulate_names_the_parameter_of_a_mistyped_set() {
 fn check_output_names_the_tokenizer_file_so_it_checks_from_anywhere() {
     let dir = temp_dir("check-tokenizer");
     let file = switchyard_tests::live::word_tokenizer(&dir);
+    let template = dir.join("chat.jinja");
+    std::fs::write(
+        &template,
+        "{% for m in messages %}{{ m.content }}{% endfor %}",
+    )
+    .unwrap();
     let config = dir.join("pipeline.toml");
     std::fs::write(
         &config,
         "[[plugins]]\ntype = \"token-producer\"\n[plugins.parameters]\n\
-         tokenizer = { path = \"tokenizer.json\" }\n\n[[plugins]]\ntype = \"queue-scorer\"\n",
+         tokenizer = { path = \"tokenizer.json\", chatTemplate = \"chat.jinja\" }\n\n\
+         [[plugins]]\ntype = \"queue-scorer\"\n",
     )
     .unwrap();
     let first = run(&["check", "--config", config.to_str().unwrap()]);
@@ -702,6 +709,10 @@ fn check_output_names_the_tokenizer_file_so_it_checks_from_anywhere() {
     assert_eq!(
         parameters["tokenizer"]["path"].as_str(),
         Some(std::fs::canonicalize(&file).unwrap().to_str().unwrap())
+    );
+    assert_eq!(
+        parameters["tokenizer"]["chatTemplate"].as_str(),
+        Some(std::fs::canonicalize(&template).unwrap().to_str().unwrap())
     );
     assert!(!parameters.contains_key("estimate"), "{text}");
     // Saved elsewhere, the output checks the same.

@@ -86,8 +86,8 @@ fn token_producer_backends_are_exclusive_and_its_file_must_load() {
         e,
         format!(
             "{}:{line}: plugin 'token-producer': `estimate` and `tokenizer` are two backends; \
-             set one of them, not both (tokenizer = {{ path = \"FILE\" }} for a model's \
-             tokenizer.json)",
+             set one of them, not both (tokenizer = {{ path = \"FILE\", chatTemplate = \
+             \"FILE\" }} for a model's tokenizer.json and, optionally, its chat template)",
             path_of("two-tokenizers")
         )
     );

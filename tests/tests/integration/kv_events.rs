@@ -755,8 +755,12 @@ fn text_prompts() -> Vec<String> {
 /// answered and the usage it reported.
 async fn routed_text(router: &Router, prompt: &str) -> (usize, Value) {
     let (replica, usage) = completed(router, prompt.into()).await;
-    let i = replica.trim_start_matches('r').parse().expect("r0 or r1");
-    (i, usage)
+    (replica_index(&replica), usage)
+}
+
+/// 0 for `r0`, 1 for `r1`.
+fn replica_index(replica: &str) -> usize {
+    replica.trim_start_matches('r').parse().expect("r0 or r1")
 }
 
 /// The KV-event producer's predictions over every endpoint: predicted, cached and correct
@@ -776,14 +780,22 @@ async fn precise_totals(router: &Router) -> (f64, f64, f64) {
 
 /// Replicas r0 (array events) and r1 (map events, both with replay) of `cache_blocks` blocks
 /// each, tokenizing with the test tokenizer, and a router over them with `plugins` listed first,
-/// subscribed to both.
+/// subscribed to both. With `chat_template`, a `tokenizer_config.json` holding it (BOS `<s>`)
+/// lies beside the tokenizer, for the replicas and the router alike.
 async fn tokenizing_fleet(
     tag: &str,
     cache_blocks: usize,
     plugins: &str,
+    chat_template: Option<&str>,
 ) -> ([Publisher; 2], Router) {
     let dir = temp_dir(tag);
     let file = word_tokenizer(&dir);
+    if let Some(template) = chat_template {
+        let config = serde_json::json!({"chat_template": template,
+            "bos_token": {"content": "<s>"}, "eos_token": "</s>"});
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string())
+            .expect("tokenizer_config.json written");
+    }
     let flags = ["--tokenizer", file.as_str()];
     let replicas = [
         publisher_with("r0", "array", true, cache_blocks, None, &flags).await,
@@ -797,10 +809,28 @@ async fn tokenizing_fleet(
     (replicas, router)
 }
 
+/// The last 30 decisions estimated nothing, and the KV-event producer's predictions over all
+/// of them have precision and recall of 95% or more; `what` names the run in the figures.
+async fn predicted_exactly(router: &Router, what: &str) {
+    let decisions = json(send(router.admin, "GET", "/decisions?limit=30", &[], "").await).await;
+    assert_eq!(decisions.as_array().map(Vec::len), Some(30));
+    let text = decisions.to_string();
+    assert!(!text.contains("estimate"), "nothing was estimated: {text}");
+    let (predicted, cached, correct) = precise_totals(router).await;
+    let (precision, recall) = (correct / predicted, correct / cached);
+    eprintln!(
+        "{what}: predicted {predicted}, cached {cached}, correct {correct} \
+         (precision {precision:.3}, recall {recall:.3})"
+    );
+    assert!(cached > 0.0 && predicted > 0.0, "the caches were hit");
+    assert!(precision >= 0.95, "precision {precision:.3}");
+    assert!(recall >= 0.95, "recall {recall:.3}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn text_tokenized_with_the_engines_tokenizer_is_predicted_exactly() {
     // 24 blocks of cache against prompts of 16: the caches churn.
-    let (replicas, router) = tokenizing_fleet("kv-tokenizer", 24, TOKENIZER_PRODUCER).await;
+    let (replicas, router) = tokenizing_fleet("kv-tokenizer", 24, TOKENIZER_PRODUCER, None).await;
     let prompts = text_prompts();
     for round in 0..5 {
         for (p, prompt) in prompts.iter().enumerate() {
@@ -810,21 +840,10 @@ async fn text_tokenized_with_the_engines_tokenizer_is_predicted_exactly() {
             caught_up(&router, i, &replicas[i]).await;
         }
     }
-    let decisions = json(send(router.admin, "GET", "/decisions?limit=30", &[], "").await).await;
-    assert_eq!(decisions.as_array().map(Vec::len), Some(30));
-    let text = decisions.to_string();
-    assert!(!text.contains("estimate"), "nothing was estimated: {text}");
-    let (predicted, cached, correct) = precise_totals(&router).await;
-    let (precision, recall) = (correct / predicted, correct / cached);
-    eprintln!(
-        "text with the tokenizer: predicted {predicted}, cached {cached}, correct {correct} \
-         (precision {precision:.3}, recall {recall:.3})"
-    );
-    assert!(cached > 0.0 && predicted > 0.0, "the caches were hit");
-    assert!(precision >= 0.95, "precision {precision:.3}");
-    assert!(recall >= 0.95, "recall {recall:.3}");
+    predicted_exactly(&router, "text with the tokenizer").await;
 
-    // Chat is not rendered through a chat template yet: the estimate, and the record says why.
+    // Without a chat template beside the tokenizer, chat keeps the estimate, and the record
+    // says why.
     let chat = serde_json::json!({"model": "test-model", "max_tokens": 1,
         "messages": [{"role": "user", "content": prompts[0]}]});
     post_ok(router.api(), "/v1/chat/completions", &chat).await;
@@ -837,9 +856,54 @@ async fn text_tokenized_with_the_engines_tokenizer_is_predicted_exactly() {
     );
 }
 
+/// A chat template as Hugging Face writes them: BOS, each message as its role then its
+/// content, the assistant's turn opened. With the test tokenizer a role is `<unk>`.
+const CHAT_TEMPLATE: &str = "{{ bos_token }}{% for message in messages %}\n\
+    {{ message['role'] }} {{ message['content'] | trim }}\n\
+    {% endfor %}\n\
+    {% if add_generation_prompt %}assistant{% endif %}";
+
+/// Six chats of `PROMPT` tokens once rendered (`<s>`, the system role and 13 words, the user
+/// role and 47 words, the assistant role): a system prompt and the user's role in common, 4
+/// blocks.
+fn chats() -> Vec<Value> {
+    let words = |start: usize, n: usize| -> String {
+        let words: Vec<String> = (start..start + n).map(|i| format!("w{i}")).collect();
+        words.join(" ")
+    };
+    (0..6)
+        .map(|p| {
+            serde_json::json!([
+                {"role": "system", "content": words(100, 4 * BLOCK - 3)},
+                {"role": "user", "content": words(200 + 100 * p, PROMPT - 4 * BLOCK - 1)},
+            ])
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_rendered_through_the_engines_chat_template_is_predicted_exactly() {
+    let (replicas, router) =
+        tokenizing_fleet("kv-chat", 24, TOKENIZER_PRODUCER, Some(CHAT_TEMPLATE)).await;
+    let chats = chats();
+    for round in 0..5 {
+        for (p, messages) in chats.iter().enumerate() {
+            let body = serde_json::json!({"model": "test-model", "max_tokens": 1,
+                "messages": messages});
+            let response = post_ok(router.api(), "/v1/chat/completions", &body).await;
+            let i = replica_index(&switchyard_tests::live::replica_name(&response));
+            let usage = json(response).await["usage"].clone();
+            // The replica rendered the template and counted the tokenizer's tokens.
+            assert_eq!(usage["prompt_tokens"], PROMPT, "round {round} chat {p}");
+            caught_up(&router, i, &replicas[i]).await;
+        }
+    }
+    predicted_exactly(&router, "chat with the chat template").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn text_without_a_tokenizer_is_marked_estimated_and_mispredicted() {
-    let (replicas, router) = tokenizing_fleet("kv-no-tokenizer", 1000, "").await;
+    let (replicas, router) = tokenizing_fleet("kv-no-tokenizer", 1000, "", None).await;
     for _ in 0..3 {
         for prompt in &text_prompts() {
             let (i, _) = routed_text(&router, prompt).await;
