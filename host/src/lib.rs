@@ -1,6 +1,5 @@
 //! switchyard: an endpoint picker for LLM inference fleets.
 
-pub mod block_hash_map;
 pub mod config;
 pub mod effective;
 pub mod extproc;

@@ -3,7 +3,7 @@
 use super::index_list::IndexList;
 use std::collections::HashMap;
 
-use crate::block_hash_map::HashBuild;
+use switchyard_prefix_hashing::BlockHashBuild as HashBuild;
 
 /// LRU set of block hashes with O(1) lookup, touch and insert.
 #[derive(Debug)]

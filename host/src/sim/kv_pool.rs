@@ -5,8 +5,8 @@
 //! freed first, so cached content is evicted in LRU order and only when nothing else is free.
 
 use super::index_list::IndexList;
-use crate::block_hash_map::HashBuild;
 use std::collections::HashMap;
+use switchyard_prefix_hashing::BlockHashBuild as HashBuild;
 
 #[derive(Debug, Clone, Copy)]
 struct Block {

@@ -535,20 +535,22 @@ impl BurstProducer {
             .in_flight_producer()
             .map(|_| consumes_in_flight(&self.config))
             .zip(sent_from);
-        let mut other = in_flight.map(|_| {
-            self.other_traffic
+        let mut counted = in_flight.map(|(key, item)| {
+            let other = self
+                .other_traffic
                 .lock()
-                .unwrap_or_else(PoisonError::into_inner)
+                .unwrap_or_else(PoisonError::into_inner);
+            (key, item, other)
         });
         spread_over
             .iter()
             .map(|endpoint| {
                 let reported = u64::from(endpoint.metrics.running_requests);
-                let running = match (in_flight, other.as_mut()) {
-                    (Some((key, item)), Some(other)) => {
+                let running = match counted.as_mut() {
+                    Some((key, item, other)) => {
                         let sent = item
                             .attrs
-                            .get(key, endpoint)
+                            .get(*key, endpoint)
                             .and_then(AttrValue::in_flight_load)
                             .map_or(0, |load| u64::try_from(load.requests).unwrap_or(0));
                         let excess = other.observe(
@@ -558,7 +560,7 @@ impl BurstProducer {
                         );
                         sent + excess
                     }
-                    _ => reported,
+                    None => reported,
                 };
                 Replica {
                     id: endpoint.id.as_str(),

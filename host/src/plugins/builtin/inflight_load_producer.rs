@@ -27,10 +27,12 @@ use switchyard_plugin_api::{
     RequestView, Stability,
 };
 
-use switchyard_prefix_hashing::{block_count, hash_prompt_local_into, prompt_seed};
+use switchyard_prefix_hashing::{block_count, hash_prompt_local_into, prompt_seed, BlockHashBuild};
 
 use super::Builtin;
-use crate::block_hash_map::BlockHashMap;
+
+/// A map from block hash to `V`.
+type BlockHashMap<V> = HashMap<u64, V, BlockHashBuild>;
 
 pub static FACTORY: PluginFactory = PluginFactory {
     type_name: "inflight-load-producer",
