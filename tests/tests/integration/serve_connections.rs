@@ -10,6 +10,7 @@ use serde_json::Value;
 use switchyard_tests::live::{
     assert_router_idle, binary, eventually, free_port, metric_sum, metrics_page, send,
     start_replica, start_router, temp_dir, wait_healthy, Process, Router, QUEUE_PIPELINE,
+    START_ATTEMPTS,
 };
 use switchyard_tests::plugin_dir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -534,41 +535,55 @@ fn open_file_limits(pid: u32) -> (String, String) {
 async fn the_router_raises_a_low_open_file_limit_to_the_hard_limit() {
     let replica = start_replica("r0", &[]).await;
     let dir = temp_dir("open-files");
-    let (api, metrics) = (free_port(), free_port());
     let config = dir.join("serve.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[endpoints]]\nname = \"r0\"\naddress = \"{}\"\n\n{QUEUE_PIPELINE}\n[fleet]\nscrape_interval_ms = 0\n[serve]\n\
-             listen = \"127.0.0.1:{api}\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\n\
-             admin_listen = \"\"\n",
-            replica.addr
-        ),
-    )
-    .expect("config written");
-    // Started with a soft limit of 1024 (the common default), whatever the test runs with.
-    let child = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("ulimit -Sn 1024 && exec \"$0\" serve --config \"$1\" --plugin-dir \"$2\"")
-        .arg(binary())
-        .arg(&config)
-        .arg(plugin_dir())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("serve starts");
-    let mut router = Process {
-        child,
-        addr: SocketAddr::from(([127, 0, 0, 1], api)),
-    };
-    wait_healthy(
-        &mut router.child,
-        SocketAddr::from(([127, 0, 0, 1], metrics)),
-        "/health",
-    )
-    .await
-    .expect("serve is healthy");
+    let log = dir.join("serve.log");
+    let mut last = String::new();
+    let mut started = None;
+    // Free ports can be taken by another test before serve binds them: retry as `start_router`.
+    for _ in 0..START_ATTEMPTS {
+        let (api, metrics) = (free_port(), free_port());
+        std::fs::write(
+            &config,
+            format!(
+                "[[endpoints]]\nname = \"r0\"\naddress = \"{}\"\n\n{QUEUE_PIPELINE}\n[fleet]\nscrape_interval_ms = 0\n[serve]\n\
+                 listen = \"127.0.0.1:{api}\"\nmetrics_listen = \"127.0.0.1:{metrics}\"\n\
+                 admin_listen = \"\"\n",
+                replica.addr
+            ),
+        )
+        .expect("config written");
+        // Started with a soft limit of 1024 (the common default), whatever the test runs with.
+        let child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -Sn 1024 && exec \"$0\" serve --config \"$1\" --plugin-dir \"$2\"")
+            .arg(binary())
+            .arg(&config)
+            .arg(plugin_dir())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("serve starts");
+        let mut router = Process {
+            child,
+            addr: SocketAddr::from(([127, 0, 0, 1], api)),
+        };
+        let probe = SocketAddr::from(([127, 0, 0, 1], metrics));
+        match wait_healthy(&mut router.child, probe, "/health").await {
+            Ok(()) => {
+                started = Some(router);
+                break;
+            }
+            Err(status) => {
+                last = format!(
+                    "{status}\n{}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                )
+            }
+        }
+    }
+    let router = started
+        .unwrap_or_else(|| panic!("serve exited early {START_ATTEMPTS} times, last: {last}"));
     let (soft, hard) = open_file_limits(router.pid());
     assert_eq!(soft, hard, "soft open-file limit of serve");
 }
