@@ -28,6 +28,7 @@
 //! Equal groups thus land whole, four to a replica when 32 meet 8 replicas, and a group splits
 //! only when balance needs it, whichever windows its members arrive in.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
 
 use crate::assign::Replica;
@@ -95,6 +96,20 @@ struct Share {
     part: f64,
     /// Members sent to this replica so far, over the whole burst.
     sent: usize,
+    /// Where `replica` was in the replica list last looked up: the lists of successive
+    /// windows mostly agree, so one comparison usually finds it again.
+    at: Cell<usize>,
+}
+
+impl Share {
+    fn new(replica: &str, part: f64, sent: usize) -> Self {
+        Share {
+            replica: replica.into(),
+            part,
+            sent,
+            at: Cell::new(0),
+        }
+    }
 }
 
 /// Remembered groups of recent bursts; see the module docs.
@@ -159,11 +174,7 @@ impl BurstPlan {
             last_arrival: arrival,
             seen: 1,
             weight,
-            shares: vec![Share {
-                replica: replica.into(),
-                part: 1.0,
-                sent: 1,
-            }],
+            shares: vec![Share::new(replica, 1.0, 1)],
         });
         self.newest_from = self.newest_from.max(arrival);
         self.arrivals += 1;
@@ -225,7 +236,7 @@ impl BurstPlan {
             members_seen += trail.seen;
             weight_seen += trail.seen as f64 * trail.weight;
             for share in &trail.shares {
-                if let Some(r) = fleet.position(&share.replica) {
+                if let Some(r) = fleet.position(share) {
                     fleet.planned[r] += share.part * load;
                     sent[r] += share.sent;
                 }
@@ -265,11 +276,7 @@ impl BurstPlan {
                 .min_by(|&a, &b| fleet.order(a, b));
             let target = cached.unwrap_or_else(|| fleet.least_planned());
             fleet.planned[target] += size;
-            trail.shares.push(Share {
-                replica: replicas[target].id.into(),
-                part: 1.0,
-                sent: 0,
-            });
+            trail.shares.push(Share::new(replicas[target].id, 1.0, 0));
         }
 
         if self.groups_look_complete(burst_groups, replicas.len() as u64) {
@@ -387,7 +394,7 @@ impl BurstPlan {
                 .collect();
             over.sort_by(|&a, &b| fleet.order(b, a));
             let Some((over, key, load)) = over.into_iter().find_map(|over| {
-                let (key, load) = self.largest_part_on(fleet.replicas[over].id, estimate)?;
+                let (key, load) = self.largest_part_on(over, fleet, estimate)?;
                 Some((over, key, load))
             }) else {
                 return;
@@ -402,7 +409,7 @@ impl BurstPlan {
             let target = trail
                 .shares
                 .iter()
-                .filter_map(|s| fleet.position(&s.replica))
+                .filter_map(|s| fleet.position(s))
                 .filter(|&r| r != over && fleet.planned[r] + fleet.per_member / 2.0 < fleet.level)
                 .min_by(|&a, &b| fleet.order(a, b))
                 .unwrap_or_else(|| fleet.least_planned());
@@ -416,33 +423,42 @@ impl BurstPlan {
                 continue;
             }
             let part = amount / size;
-            let (from_id, target_id) = (fleet.replicas[over].id, fleet.replicas[target].id);
             for share in &mut trail.shares {
-                if &*share.replica == from_id {
+                if fleet.position(share) == Some(over) {
                     share.part = (share.part - part).max(0.0);
                 }
             }
-            match trail.shares.iter_mut().find(|s| &*s.replica == target_id) {
+            match trail
+                .shares
+                .iter_mut()
+                .find(|s| fleet.position(s) == Some(target))
+            {
                 Some(share) => share.part += part,
-                None => trail.shares.push(Share {
-                    replica: target_id.into(),
-                    part,
-                    sent: 0,
-                }),
+                None => trail
+                    .shares
+                    .push(Share::new(fleet.replicas[target].id, part, 0)),
             }
             fleet.planned[over] -= amount;
             fleet.planned[target] += amount;
         }
     }
 
-    /// The group with the largest planned load on replica `id` (ties to the smaller key), and
-    /// that load.
-    fn largest_part_on(&self, id: &str, estimate: &SizeEstimate) -> Option<(GroupKey, f64)> {
+    /// The group with the largest planned load on the replica at `position` in `fleet` (ties
+    /// to the smaller key), and that load.
+    fn largest_part_on(
+        &self,
+        position: usize,
+        fleet: &Fleet<'_>,
+        estimate: &SizeEstimate,
+    ) -> Option<(GroupKey, f64)> {
         self.trails
             .iter()
             .filter(|(_, trail)| self.is_active(trail))
             .filter_map(|(key, trail)| {
-                let share = trail.shares.iter().find(|s| &*s.replica == id)?;
+                let share = trail
+                    .shares
+                    .iter()
+                    .find(|s| fleet.position(s) == Some(position))?;
                 Some((*key, share.part * estimate.size(trail.seen) * trail.weight))
             })
             .filter(|&(_, load)| load > 0.0)
@@ -471,7 +487,7 @@ fn route(trail: &mut Trail, members: usize, fleet: &Fleet<'_>) -> Vec<usize> {
                 .shares
                 .iter()
                 .enumerate()
-                .filter_map(|(k, s)| fleet.position(&s.replica).map(|r| (k, r, s)))
+                .filter_map(|(k, s)| fleet.position(s).map(|r| (k, r, s)))
                 .max_by(|(_, a, x), (_, b, y)| {
                     (x.part * seen - x.sent as f64)
                         .total_cmp(&(y.part * seen - y.sent as f64))
@@ -487,11 +503,7 @@ fn route(trail: &mut Trail, members: usize, fleet: &Fleet<'_>) -> Vec<usize> {
                     // No part is on a candidate of this window: the least planned one takes
                     // the member, the group's other parts stay for when their replicas return.
                     let r = fleet.least_planned();
-                    trail.shares.push(Share {
-                        replica: fleet.replicas[r].id.into(),
-                        part: 0.0,
-                        sent: 1,
-                    });
+                    trail.shares.push(Share::new(fleet.replicas[r].id, 0.0, 1));
                     r
                 }
             }
@@ -547,8 +559,19 @@ impl<'a> Fleet<'a> {
         self.ceiling = self.ceiling.max(self.level + load);
     }
 
-    fn position(&self, id: &str) -> Option<usize> {
-        self.replicas.iter().position(|r| r.id == id)
+    /// The position of `share`'s replica in the list, if there.
+    fn position(&self, share: &Share) -> Option<usize> {
+        let hint = share.at.get();
+        if self
+            .replicas
+            .get(hint)
+            .is_some_and(|r| r.id == &*share.replica)
+        {
+            return Some(hint);
+        }
+        let found = self.replicas.iter().position(|r| r.id == &*share.replica)?;
+        share.at.set(found);
+        Some(found)
     }
 
     /// Orders replicas by planned load, then by carried load and id.
