@@ -14,6 +14,10 @@ use std::collections::HashMap;
 
 use lru::{BuildBlockKeyHasher, Lru, Touch};
 
+/// Endpoints holding a prompt's first block up to which each is followed through its own set;
+/// beyond, the prompt is walked once for all of them (see [`PrefixIndex::match_into`]).
+const FOLLOW_EACH_UP_TO: usize = 4;
+
 /// The block hashes of one request, prompt by prompt, stored flat so one buffer serves every
 /// request. Prompts without blocks are not stored.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -174,8 +178,10 @@ impl PrefixIndex {
     /// missing block: a later block it holds does not count. Every entry of `out` is overwritten
     /// (0 for slots without an endpoint); endpoints whose slot is past its end are skipped.
     ///
-    /// Only endpoints holding a prompt's first block are visited, each costing one lookup per
-    /// matched block.
+    /// Only endpoints holding a prompt's first block are visited. A few such endpoints are
+    /// followed block by block through their own sets; when many hold it (a prompt every
+    /// replica has served), the prompt is walked once instead, one lookup per block advancing
+    /// every endpoint that held all blocks before it.
     pub fn match_into(&self, prompts: &PromptHashes, out: &mut [u64]) {
         out.fill(0);
         for prompt in prompts.iter() {
@@ -185,6 +191,10 @@ impl PrefixIndex {
             let Some(slots) = self.holders.get(first) else {
                 continue;
             };
+            if slots.len() > FOLLOW_EACH_UP_TO && prompts.len() == 1 {
+                self.walk_prompt(prompt, slots, out);
+                continue;
+            }
             for &slot in slots {
                 let (Some(total), Some(Some(endpoint))) =
                     (out.get_mut(slot), self.endpoints.get(slot))
@@ -192,6 +202,34 @@ impl PrefixIndex {
                     continue;
                 };
                 *total += endpoint.blocks.held_prefix(prompt) as u64;
+            }
+        }
+    }
+
+    /// `match_into` for one prompt whose first block the endpoints in `first_holders` hold,
+    /// with `out` all zero: `out[slot]` counts the blocks the endpoint held so far and moves
+    /// on only while it held every block before.
+    fn walk_prompt(&self, prompt: &[u64], first_holders: &[usize], out: &mut [u64]) {
+        let mut following = 0usize;
+        for &slot in first_holders {
+            if let (Some(held), Some(Some(_))) = (out.get_mut(slot), self.endpoints.get(slot)) {
+                *held = 1;
+                following += 1;
+            }
+        }
+        for (depth, hash) in (1u64..).zip(&prompt[1..]) {
+            if following == 0 {
+                break;
+            }
+            let Some(slots) = self.holders.get(hash) else {
+                break;
+            };
+            following = 0;
+            for &slot in slots {
+                if let Some(held) = out.get_mut(slot).filter(|held| **held == depth) {
+                    *held = depth + 1;
+                    following += 1;
+                }
             }
         }
     }

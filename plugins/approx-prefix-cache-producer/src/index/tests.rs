@@ -370,3 +370,39 @@ fn seeded_operations_keep_index_and_reverse_map_consistent() {
         );
     }
 }
+
+#[test]
+fn a_prompt_held_by_many_endpoints_matches_as_when_each_is_followed() {
+    // Twelve endpoints, most of them holding the same chains in part, with holes from small
+    // capacities and stray hashes: the single walk over the prompt (taken when more than a few
+    // endpoints hold its first block) must count what following each endpoint counts.
+    const IDS: [&str; 12] = [
+        "pod-a", "pod-b", "pod-c", "pod-d", "pod-e", "pod-f", "pod-g", "pod-h", "pod-i", "pod-j",
+        "pod-k", "pod-l",
+    ];
+    let mut sequence = Sequence(0x5eed_0002);
+    let mut index = PrefixIndex::new();
+    let mut model = Model::default();
+    let mut walked = 0;
+    for step in 0..3000 {
+        let slot = sequence.below(12);
+        let capacity = 2 + sequence.below(10);
+        let request = random_request(&mut sequence);
+        index.record(slot, IDS[slot], capacity, &request);
+        model.record(slot, IDS[slot], capacity, &request);
+        let request = random_request(&mut sequence);
+        let first_holders = request
+            .prompt(0)
+            .first()
+            .map_or(0, |first| holders(&index, *first).len());
+        if request.len() == 1 && first_holders > super::FOLLOW_EACH_UP_TO {
+            walked += 1;
+        }
+        assert_eq!(
+            matches(&index, &request, 12),
+            model.matches(&request, 12),
+            "step {step}"
+        );
+    }
+    assert!(walked > 500, "only {walked} requests took the single walk");
+}
