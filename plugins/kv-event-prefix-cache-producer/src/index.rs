@@ -126,17 +126,55 @@ impl EndpointIndex {
     }
 }
 
-/// The endpoints holding one request key: a bit per host index, per tier, tier-major.
-#[derive(Debug, Clone)]
-struct Holders(Vec<u64>);
+/// The endpoints holding one request key: a bit per host index, per tier. The first 64 host
+/// indices of each tier sit inline, so a fleet of up to 64 endpoints is matched without a
+/// pointer to follow per block; the words beyond, tier-major, in `rest`.
+#[derive(Debug, Clone, Default)]
+struct Holders {
+    first: [u64; TIERS],
+    rest: Vec<u64>,
+}
 
 impl Holders {
+    /// Bits of `tier`'s word `word`, in a layout of `words` words per tier.
     fn word(&self, tier: usize, word: usize, words: usize) -> u64 {
-        self.0.get(tier * words + word).copied().unwrap_or(0)
+        match word.checked_sub(1) {
+            None => self.first[tier],
+            Some(beyond) => self
+                .rest
+                .get(tier * (words - 1) + beyond)
+                .copied()
+                .unwrap_or(0),
+        }
+    }
+
+    fn word_mut(&mut self, tier: usize, word: usize, words: usize) -> &mut u64 {
+        match word.checked_sub(1) {
+            None => &mut self.first[tier],
+            Some(beyond) => {
+                if self.rest.len() < TIERS * (words - 1) {
+                    self.rest.resize(TIERS * (words - 1), 0);
+                }
+                &mut self.rest[tier * (words - 1) + beyond]
+            }
+        }
+    }
+
+    /// Re-lays the words beyond the first from `old` to `words` words per tier.
+    fn widen(&mut self, old: usize, words: usize) {
+        if self.rest.is_empty() {
+            return;
+        }
+        let mut wider = vec![0u64; TIERS * (words - 1)];
+        for tier in 0..TIERS {
+            wider[tier * (words - 1)..tier * (words - 1) + old - 1]
+                .copy_from_slice(&self.rest[tier * (old - 1)..tier * (old - 1) + old - 1]);
+        }
+        self.rest = wider;
     }
 
     fn is_empty(&self) -> bool {
-        self.0.iter().all(|&w| w == 0)
+        self.first.iter().chain(&self.rest).all(|&w| w == 0)
     }
 }
 
@@ -223,12 +261,7 @@ impl KvIndex {
     fn widen(&mut self, words: usize) {
         let old = self.words;
         for holders in self.holders.values_mut() {
-            let mut wider = vec![0u64; TIERS * words];
-            for tier in 0..TIERS {
-                wider[tier * words..tier * words + old]
-                    .copy_from_slice(&holders.0[tier * old..tier * old + old]);
-            }
-            holders.0 = wider;
+            holders.widen(old, words);
         }
         self.words = words;
     }
@@ -237,13 +270,10 @@ impl KvIndex {
         let words = self.words;
         let (word, bit) = (host_index / 64, 1u64 << (host_index % 64));
         if on {
-            let holders = self
-                .holders
-                .entry(ours)
-                .or_insert_with(|| Holders(vec![0; TIERS * words]));
-            holders.0[tier * words + word] |= bit;
+            let holders = self.holders.entry(ours).or_default();
+            *holders.word_mut(tier, word, words) |= bit;
         } else if let Some(holders) = self.holders.get_mut(&ours) {
-            holders.0[tier * words + word] &= !bit;
+            *holders.word_mut(tier, word, words) &= !bit;
             if holders.is_empty() {
                 self.holders.remove(&ours);
             }
@@ -490,6 +520,10 @@ impl KvIndex {
         matched: &mut [u64],
     ) {
         let words = self.words.min(candidates.len());
+        if words == 1 {
+            self.match_one_word(hashes, include_cpu, candidates[0], matched);
+            return;
+        }
         scratch.alive.clear();
         scratch.alive.extend_from_slice(&candidates[..words]);
         let alive = &mut scratch.alive;
@@ -518,6 +552,28 @@ impl KvIndex {
         for (word, &alive_word) in alive.iter().enumerate() {
             credit(alive_word, word, hashes.len() as u64, matched);
         }
+    }
+
+    /// `match_into` for a fleet of at most 64 host indices: one word of candidates.
+    fn match_one_word(
+        &self,
+        hashes: &[u64],
+        include_cpu: bool,
+        mut alive: u64,
+        matched: &mut [u64],
+    ) {
+        for (position, hash) in hashes.iter().enumerate() {
+            if alive == 0 {
+                return;
+            }
+            let held = self
+                .holders
+                .get(hash)
+                .map_or(0, |h| h.first[0] | if include_cpu { h.first[1] } else { 0 });
+            credit(alive & !held, 0, position as u64, matched);
+            alive &= held;
+        }
+        credit(alive, 0, hashes.len() as u64, matched);
     }
 }
 
