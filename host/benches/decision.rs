@@ -26,7 +26,7 @@ use switchyard_plugin_api::Outcome;
 #[path = "support/shape.rs"]
 mod shape;
 use shape::{
-    fleet, hash_floor, load, prompt, window_ms, workspace_root, FLOOR_BLOCK_TOKENS, MODEL,
+    fleet, hash_floor_at, load, prompt, window_ms, workspace_root, FLOOR_BLOCK_TOKENS, MODEL,
     PROMPT_POOL,
 };
 
@@ -161,7 +161,11 @@ fn bench_floor(c: &mut Criterion) {
         group.bench_function(format!("{}k_tokens", tokens / 1024), |b| {
             b.iter(|| {
                 next += 1;
-                hash_floor(black_box(&pool[next % PROMPT_POOL]), &mut out);
+                hash_floor_at(
+                    black_box(&pool[next % PROMPT_POOL]),
+                    FLOOR_BLOCK_TOKENS,
+                    &mut out,
+                );
                 black_box(&out);
             })
         });

@@ -19,11 +19,12 @@ pub const MODEL: &str = "bench-model";
 /// Tokens per block of the floor: the block size the default pipeline's producers hash at.
 pub const FLOOR_BLOCK_TOKENS: usize = 64;
 
-/// The floor: `prompt`'s chained block hashes, the hashing no decision can avoid, into `out`.
-pub fn hash_floor(prompt: &[u32], out: &mut Vec<u64>) {
+/// The floor: `prompt`'s chained hashes in blocks of `block_tokens` (`FLOOR_BLOCK_TOKENS` for
+/// the hashing no decision of the default pipeline can avoid), into `out`.
+pub fn hash_floor_at(prompt: &[u32], block_tokens: usize, out: &mut Vec<u64>) {
     out.clear();
     let seed = switchyard_prefix_hashing::prompt_seed(MODEL, "");
-    switchyard_prefix_hashing::hash_prompt_into(seed, prompt, FLOOR_BLOCK_TOKENS, usize::MAX, out);
+    switchyard_prefix_hashing::hash_prompt_into(seed, prompt, block_tokens, usize::MAX, out);
 }
 
 /// Distinct prompts the requests rotate over.
