@@ -18,11 +18,18 @@
 //!    took note, or the prompt is simply cached), to the least planned of those: anywhere
 //!    else would prefill it again, and step 3 still splits it if balance needs that.
 //! 3. Once the burst's groups seem all known (`groups_look_complete`), a replica planned above
-//!    the level by more than half of [`ALLOWANCE`] (or one request) hands part of its largest
-//!    group to the least planned replica — one where that group already has a part if any is
-//!    below the level. The group then has another home. While new groups keep appearing at
-//!    their usual spacing (prompts sent one after the other), a replica may run up to one
-//!    group ahead of the level: the next group goes where the earlier ones left room.
+//!    the level by more than half of [`ALLOWANCE`] (or one request) sheds load to replicas
+//!    below the level. It first does so along the groups that already have homes on several
+//!    replicas (it hands part of a group it shares to that group's other home, which may hand
+//!    part of another shared group onwards, and so on): such a move opens no new home. A group
+//!    can hand on only what its part still holds beyond the members already sent there, since
+//!    those stay where they went. Only when no replica below the level (or not one below the
+//!    floor, as far under the level as the ceiling is over it) can be reached that way does
+//!    its largest group get a new home, on the least planned replica out of reach. A replica
+//!    below the floor while none is above the ceiling pulls from the most planned one along
+//!    shared groups. While new groups keep appearing at their usual spacing (prompts sent one
+//!    after the other), a replica may run up to one group ahead of the level: the next group
+//!    goes where the earlier ones left room.
 //! 4. Each member goes to its group's replica furthest below its part of the members seen.
 //!
 //! Equal groups thus land whole, four to a replica when 32 meet 8 replicas, and a group splits
@@ -380,89 +387,106 @@ impl BurstPlan {
         (last - first) / (groups - 1)
     }
 
-    /// Moves parts of groups from replicas planned above the ceiling to the least planned
-    /// ones, down to the level. A replica over the ceiling with nothing to move (loaded by
-    /// other traffic) is passed over.
+    /// Moves parts of groups from replicas planned above the ceiling to replicas planned below
+    /// the level, and to replicas below the floor from the most planned one.
+    ///
+    /// A move first follows the groups that already have homes on several replicas: `over`
+    /// hands part of a group it shares with another replica to that one, which may hand part of
+    /// another group it shares onwards, and so on to a replica below the level (the path that
+    /// can carry the most, found like a widest path). Such a move costs no new placement. What
+    /// a shared group can carry there is what its part on the handing replica still holds
+    /// beyond the members already sent there: those stay where they are. Only when no replica
+    /// below the level can be reached that way (or one below the floor cannot), the largest
+    /// group on `over` gets a new home on the least planned replica out of reach. A replica
+    /// below the floor while none is above the ceiling pulls from the most planned one, along
+    /// shared groups only. A replica over the ceiling with nothing to move (loaded by other
+    /// traffic) is passed over.
     fn rebalance(&mut self, fleet: &mut Fleet<'_>, estimate: &SizeEstimate) {
-        // Each move brings a replica down to the level, another up to it, or a group's part on
-        // a replica to zero, so the moves are bounded by replicas plus groups; the cap guards.
-        // Replicas passed over: nothing of theirs can move far enough to matter.
-        let mut passed = vec![false; fleet.replicas.len()];
-        for _ in 0..(fleet.replicas.len() + self.trails.len()) * 2 {
-            let mut over: Vec<usize> = (0..fleet.replicas.len())
+        let mut links = Links::of(self, fleet, estimate);
+        let n = fleet.replicas.len();
+        let floor = 2.0 * fleet.level - fleet.ceiling;
+        let mut passed = vec![false; n];
+        // Each move brings a replica down to the level, another up to it, or a group's part
+        // (or what it can carry) on a replica to zero, so the moves are bounded by replicas
+        // plus groups; the cap guards.
+        for _ in 0..(n + links.keys.len()) * 2 {
+            let above = (0..n)
                 .filter(|&r| !passed[r] && fleet.planned[r] > fleet.ceiling)
-                .collect();
-            over.sort_by(|&a, &b| fleet.order(b, a));
-            let Some((over, key, load)) = over.into_iter().find_map(|over| {
-                let (key, load) = self.largest_part_on(over, fleet, estimate)?;
-                Some((over, key, load))
-            }) else {
-                return;
+                .max_by(|&a, &b| fleet.order(a, b));
+            let (over, pulled) = match above {
+                Some(over) => (over, false),
+                None if (0..n).any(|r| fleet.planned[r] < floor) => {
+                    let Some(over) = (0..n)
+                        .filter(|&r| {
+                            !passed[r] && fleet.planned[r] > fleet.level + fleet.per_member / 2.0
+                        })
+                        .max_by(|&a, &b| fleet.order(a, b))
+                    else {
+                        return;
+                    };
+                    (over, true)
+                }
+                None => return,
             };
-            let Some(trail) = self.trails.get_mut(&key) else {
-                return;
-            };
-            let size = estimate.size(trail.seen) * trail.weight;
-            // Another replica this group already has a part on and that has room below the
-            // level for more than half a member, else the least planned replica. (A home with
-            // less room would make the move too small to take, and leave `over` as it is.)
-            let target = trail
-                .shares
+            let excess = fleet.planned[over] - fleet.level;
+            links.widest_from(over, &self.trails, fleet.per_member);
+            let reached = |r: usize| links.width[r] > fleet.per_member / 2.0;
+            let below = (0..n)
+                .filter(|&r| r != over && reached(r))
+                .filter(|&r| fleet.planned[r] + fleet.per_member / 2.0 < fleet.level)
+                .min_by(|&a, &b| fleet.order(a, b));
+            let stranded = (0..n).any(|r| !reached(r) && fleet.planned[r] < floor);
+            match below {
+                Some(target) if !stranded || fleet.planned[target] < floor => {
+                    let amount = excess
+                        .min(fleet.level - fleet.planned[target])
+                        .min(links.width[target]);
+                    links.shift_along(target, amount, &mut self.trails);
+                    fleet.planned[over] -= amount;
+                    fleet.planned[target] += amount;
+                    continue;
+                }
+                _ if pulled => {
+                    passed[over] = true;
+                    continue;
+                }
+                _ => {}
+            }
+            // A new home: the largest group on `over`, to the least planned replica out of
+            // reach.
+            let largest = links.on[over]
                 .iter()
-                .filter_map(|s| fleet.position(s))
-                .filter(|&r| r != over && fleet.planned[r] + fleet.per_member / 2.0 < fleet.level)
-                .min_by(|&a, &b| fleet.order(a, b))
-                .unwrap_or_else(|| fleet.least_planned());
-            let amount = load
-                .min(fleet.planned[over] - fleet.level)
-                .min(fleet.level - fleet.planned[target]);
+                .filter_map(|&g| {
+                    let k = links.share_on(g, over)?;
+                    Some((
+                        g,
+                        k,
+                        self.trails[&links.keys[g]].shares[k].part * links.sizes[g],
+                    ))
+                })
+                .filter(|&(_, _, load)| load > 0.0)
+                .max_by(|a, b| {
+                    a.2.total_cmp(&b.2)
+                        .then_with(|| links.keys[b.0].cmp(&links.keys[a.0]))
+                });
+            let outside = (0..n)
+                .filter(|&r| !reached(r))
+                .min_by(|&a, &b| fleet.order(a, b));
+            let (Some((g, k, load)), Some(target)) = (largest, outside) else {
+                passed[over] = true;
+                continue;
+            };
+            let amount = load.min(excess).min(fleet.level - fleet.planned[target]);
             // Half a member or less would only scatter single requests (and a group of two
             // stays whole where it would even out one request).
-            if target == over || amount <= fleet.per_member / 2.0 || size <= 0.0 {
+            if amount <= fleet.per_member / 2.0 || links.sizes[g] <= 0.0 {
                 passed[over] = true;
                 continue;
             }
-            let part = amount / size;
-            for share in &mut trail.shares {
-                if fleet.position(share) == Some(over) {
-                    share.part = (share.part - part).max(0.0);
-                }
-            }
-            match trail
-                .shares
-                .iter_mut()
-                .find(|s| fleet.position(s) == Some(target))
-            {
-                Some(share) => share.part += part,
-                None => trail
-                    .shares
-                    .push(Share::new(fleet.replicas[target].id, part, 0)),
-            }
+            links.add_home(g, k, target, amount, &mut self.trails, fleet);
             fleet.planned[over] -= amount;
             fleet.planned[target] += amount;
         }
-    }
-
-    /// The group with the largest planned load on the replica at `position` in `fleet` (ties
-    /// to the smaller key), and that load.
-    fn largest_part_on(
-        &self,
-        position: usize,
-        fleet: &Fleet<'_>,
-        estimate: &SizeEstimate,
-    ) -> Option<(GroupKey, f64)> {
-        self.trails
-            .iter()
-            .filter(|(_, trail)| self.is_active(trail))
-            .filter_map(|(key, trail)| {
-                let share = trail
-                    .shares
-                    .iter()
-                    .find(|s| fleet.position(s) == Some(position))?;
-                Some((*key, share.part * estimate.size(trail.seen) * trail.weight))
-            })
-            .filter(|&(_, load)| load > 0.0)
-            .max_by(|a, b| a.1.total_cmp(&b.1).then_with(|| b.0.cmp(&a.0)))
     }
 
     /// Drops the groups not seen for `memory_ms`, at most once per quarter of it (and whenever
@@ -509,6 +533,154 @@ fn route(trail: &mut Trail, members: usize, fleet: &Fleet<'_>) -> Vec<usize> {
             }
         })
         .collect()
+}
+
+/// The active groups of one rebalance, and the replicas each has a home on: the links along
+/// which load moves from replica to replica without a new placement.
+struct Links {
+    keys: Vec<GroupKey>,
+    /// Each group's estimated load (its estimated size times a member's weight).
+    sizes: Vec<f64>,
+    /// Per group, its homes among the replicas: (replica position, share index).
+    homes: Vec<Vec<(usize, usize)>>,
+    /// Per replica, the groups with a home there.
+    on: Vec<Vec<usize>>,
+    /// The last widest-path search: the most a path from its source can carry to each
+    /// replica, and the hop each is reached by (from, group, share there, share here).
+    width: Vec<f64>,
+    hop: Vec<Option<(usize, usize, usize, usize)>>,
+    done: Vec<bool>,
+}
+
+impl Links {
+    fn of(plan: &BurstPlan, fleet: &Fleet<'_>, estimate: &SizeEstimate) -> Self {
+        let n = fleet.replicas.len();
+        let mut links = Links {
+            keys: Vec::new(),
+            sizes: Vec::new(),
+            homes: Vec::new(),
+            on: vec![Vec::new(); n],
+            width: vec![0.0; n],
+            hop: vec![None; n],
+            done: vec![false; n],
+        };
+        for (key, trail) in plan.trails.iter().filter(|(_, t)| plan.is_active(t)) {
+            let g = links.keys.len();
+            let mut homes = Vec::with_capacity(trail.shares.len());
+            for (k, share) in trail.shares.iter().enumerate() {
+                if let Some(r) = fleet.position(share) {
+                    homes.push((r, k));
+                    links.on[r].push(g);
+                }
+            }
+            links.keys.push(*key);
+            links.sizes.push(estimate.size(trail.seen) * trail.weight);
+            links.homes.push(homes);
+        }
+        links
+    }
+
+    /// The index of group `g`'s share on replica `r`, if it has a home there.
+    fn share_on(&self, g: usize, r: usize) -> Option<usize> {
+        self.homes[g]
+            .iter()
+            .find(|&&(home, _)| home == r)
+            .map(|&(_, k)| k)
+    }
+
+    /// What group `g`'s share `k` can hand on: its part's load beyond the members already sent
+    /// there, which stay where they are.
+    fn movable(&self, trails: &BTreeMap<GroupKey, Trail>, g: usize, k: usize) -> f64 {
+        let trail = &trails[&self.keys[g]];
+        let share = &trail.shares[k];
+        let sent = share.sent as f64 * self.sizes[g] / trail.seen.max(1) as f64;
+        (share.part * self.sizes[g] - sent).max(0.0)
+    }
+
+    /// Finds, for every replica, the path from `source` along shared groups that can carry
+    /// the most to it; hops that carry half a member or less are not taken.
+    fn widest_from(&mut self, source: usize, trails: &BTreeMap<GroupKey, Trail>, per_member: f64) {
+        let least = per_member / 2.0;
+        self.width.fill(0.0);
+        self.hop.fill(None);
+        self.done.fill(false);
+        self.width[source] = f64::INFINITY;
+        loop {
+            let next = (0..self.width.len())
+                .filter(|&r| !self.done[r] && self.width[r] > least)
+                .max_by(|&a, &b| self.width[a].total_cmp(&self.width[b]).then(b.cmp(&a)));
+            let Some(a) = next else {
+                return;
+            };
+            self.done[a] = true;
+            for &g in &self.on[a] {
+                let Some(ka) = self.share_on(g, a) else {
+                    continue;
+                };
+                let carried = self.width[a].min(self.movable(trails, g, ka));
+                if carried <= least {
+                    continue;
+                }
+                for &(b, kb) in &self.homes[g] {
+                    if !self.done[b] && carried > self.width[b] {
+                        self.width[b] = carried;
+                        self.hop[b] = Some((a, g, ka, kb));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Moves `amount` of load along the last search's path to `target`: every group on the
+    /// way hands that much of its part to its next home.
+    fn shift_along(&self, target: usize, amount: f64, trails: &mut BTreeMap<GroupKey, Trail>) {
+        let mut at = target;
+        while let Some((from, g, ka, kb)) = self.hop[at] {
+            if let Some(trail) = trails.get_mut(&self.keys[g]) {
+                let part = amount / self.sizes[g];
+                trail.shares[ka].part = (trail.shares[ka].part - part).max(0.0);
+                trail.shares[kb].part += part;
+            }
+            at = from;
+        }
+    }
+
+    /// Moves `amount` of group `g`'s load from its share `k` to a new home on `target`.
+    fn add_home(
+        &mut self,
+        g: usize,
+        k: usize,
+        target: usize,
+        amount: f64,
+        trails: &mut BTreeMap<GroupKey, Trail>,
+        fleet: &Fleet<'_>,
+    ) {
+        let Some(trail) = trails.get_mut(&self.keys[g]) else {
+            return;
+        };
+        let part = amount / self.sizes[g];
+        trail.shares[k].part = (trail.shares[k].part - part).max(0.0);
+        let kb = match trail
+            .shares
+            .iter()
+            .position(|s| fleet.position(s) == Some(target))
+        {
+            Some(kb) => {
+                trail.shares[kb].part += part;
+                kb
+            }
+            None => {
+                trail
+                    .shares
+                    .push(Share::new(fleet.replicas[target].id, part, 0));
+                trail.shares.len() - 1
+            }
+        };
+        if self.share_on(g, target).is_none() {
+            self.homes[g].push((target, kb));
+            self.on[target].push(g);
+        }
+    }
 }
 
 /// The replicas with the load the plan means each to get.

@@ -576,3 +576,88 @@ fn a_replica_over_the_ceiling_is_relieved_even_when_its_groups_other_homes_are_f
         );
     }
 }
+
+/// The sizes of `bench/bursts` shape 5.
+const SHAPE_5: [usize; 12] = [96, 8, 64, 24, 80, 16, 56, 32, 48, 40, 36, 12];
+
+/// Groups of `sizes` members arriving in a random order, cut into windows of `cuts` requests
+/// (the last one cut short) 5 ms apart, over 8 replicas; returns the requests per replica and
+/// the (group, replica) placements.
+fn burst_cut_as(
+    plan: &mut BurstPlan,
+    sizes: &[usize],
+    seed: u64,
+    cuts: &[usize],
+) -> (Vec<usize>, usize) {
+    let mut next = switchyard_plugin_api::testing::numbers(seed);
+    let mut arrivals: Vec<usize> = sizes
+        .iter()
+        .enumerate()
+        .flat_map(|(g, &size)| std::iter::repeat_n(g, size))
+        .collect();
+    for i in (1..arrivals.len()).rev() {
+        arrivals.swap(i, next(i as u64 + 1) as usize);
+    }
+    let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
+    let mut load = vec![0usize; 8];
+    let mut pairs = BTreeSet::new();
+    let (mut at, mut now) = (0, 0);
+    for &cut in cuts {
+        let window = &arrivals[at..(at + cut).min(arrivals.len())];
+        at += window.len();
+        now += 5;
+        let running: Vec<u64> = load.iter().map(|&n| n as u64).collect();
+        let key = |g: usize| GroupKey {
+            blocks: 4,
+            digest: seed << 32 | g as u64,
+        };
+        for (&g, r) in window
+            .iter()
+            .zip(place_window(plan, now, window, key, &ids, &running))
+        {
+            load[r] += 1;
+            pairs.insert((g, r));
+        }
+    }
+    assert_eq!(at, arrivals.len());
+    (load, pairs.len())
+}
+
+#[test]
+fn unequal_groups_in_the_windows_a_live_client_makes_split_along_groups_already_shared() {
+    // Shape 5 as one step of it reached the router: 7 windows of 156, 1, 57, 73, 73, 20 and
+    // 132 requests. Over 100 arrival orders, a replica over the level first hands load along
+    // groups it already shares (what their parts hold beyond the members already sent), and a
+    // replica below the floor pulls that way: fewer new homes than moving only the largest
+    // group, and tighter balance (moving the largest group alone: 23.4 placements, 6 orders
+    // out of balance).
+    let cuts = [156, 1, 57, 73, 73, 20, 132];
+    let (mut total, mut outside) = (0, 0);
+    for seed in 1..=100 {
+        let mut plan = BurstPlan::new(2000, 100);
+        let (load, pairs) = burst_cut_as(&mut plan, &SHAPE_5, seed, &cuts);
+        total += pairs;
+        outside += usize::from(load.iter().any(|&l| l.abs_diff(64) > 6));
+    }
+    let mean = total as f64 / 100.0;
+    assert!(mean <= 22.0, "{mean} placements");
+    assert!(outside <= 3, "{outside} of 100 orders out of balance");
+}
+
+/// Prints the README's table of placements (mean, worst and largest deviation from the fair
+/// share, over 20 orders): `cargo test -p burst-prefix-cache-producer placement_table --
+/// --ignored --nocapture`.
+#[test]
+#[ignore]
+fn placement_table() {
+    for sizes in [&[16; 32][..], &[128; 4], &UNEQUAL, &SHAPE_5] {
+        let row: Vec<String> = [1, 10, 40, 100, 200, 100_000]
+            .iter()
+            .map(|&w| {
+                let (mean, worst, dev) = measure(sizes, w);
+                format!("{mean:.1} ({worst}, {dev:.2})")
+            })
+            .collect();
+        println!("{:?}: {}", &sizes[..3], row.join(" | "));
+    }
+}
