@@ -139,6 +139,8 @@ pub struct BurstPlan {
     now_ms: u64,
     /// When a group last had a second member: until `memory_ms` later a burst may be going on.
     last_burst_ms: Option<u64>,
+    /// The rebalance's buffers, kept between windows.
+    links: Links,
 }
 
 impl BurstPlan {
@@ -154,6 +156,7 @@ impl BurstPlan {
             newest_from: 0,
             newest_group_from: 0,
             last_burst_ms: None,
+            links: Links::default(),
         }
     }
 
@@ -402,7 +405,22 @@ impl BurstPlan {
     /// shared groups only. A replica over the ceiling with nothing to move (loaded by other
     /// traffic) is passed over.
     fn rebalance(&mut self, fleet: &mut Fleet<'_>, estimate: &SizeEstimate) {
-        let mut links = Links::of(self, fleet, estimate);
+        let floor = 2.0 * fleet.level - fleet.ceiling;
+        if fleet
+            .planned
+            .iter()
+            .all(|&planned| planned <= fleet.ceiling && planned >= floor)
+        {
+            return;
+        }
+        let mut links = std::mem::take(&mut self.links);
+        links.fill(self, fleet, estimate);
+        self.rebalance_along(&mut links, fleet);
+        self.links = links;
+    }
+
+    /// The moves of [`BurstPlan::rebalance`], over `links` filled for this window.
+    fn rebalance_along(&mut self, links: &mut Links, fleet: &mut Fleet<'_>) {
         let n = fleet.replicas.len();
         let floor = 2.0 * fleet.level - fleet.ceiling;
         let mut passed = vec![false; n];
@@ -537,11 +555,13 @@ fn route(trail: &mut Trail, members: usize, fleet: &Fleet<'_>) -> Vec<usize> {
 
 /// The active groups of one rebalance, and the replicas each has a home on: the links along
 /// which load moves from replica to replica without a new placement.
+#[derive(Debug, Default)]
 struct Links {
     keys: Vec<GroupKey>,
     /// Each group's estimated load (its estimated size times a member's weight).
     sizes: Vec<f64>,
-    /// Per group, its homes among the replicas: (replica position, share index).
+    /// Per group, its homes among the replicas: (replica position, share index). Entries past
+    /// the groups' count are spare buffers of earlier windows.
     homes: Vec<Vec<(usize, usize)>>,
     /// Per replica, the groups with a home there.
     on: Vec<Vec<usize>>,
@@ -550,34 +570,38 @@ struct Links {
     width: Vec<f64>,
     hop: Vec<Option<(usize, usize, usize, usize)>>,
     done: Vec<bool>,
+    /// The search's replicas reached and not done yet.
+    frontier: Vec<usize>,
 }
 
 impl Links {
-    fn of(plan: &BurstPlan, fleet: &Fleet<'_>, estimate: &SizeEstimate) -> Self {
+    /// Becomes the links of `plan`'s active groups over `fleet`, reusing its buffers: the
+    /// plan keeps one `Links` between windows, so a warm window allocates nothing for it.
+    fn fill(&mut self, plan: &BurstPlan, fleet: &Fleet<'_>, estimate: &SizeEstimate) {
         let n = fleet.replicas.len();
-        let mut links = Links {
-            keys: Vec::new(),
-            sizes: Vec::new(),
-            homes: Vec::new(),
-            on: vec![Vec::new(); n],
-            width: vec![0.0; n],
-            hop: vec![None; n],
-            done: vec![false; n],
-        };
+        self.keys.clear();
+        self.sizes.clear();
+        self.homes.iter_mut().for_each(Vec::clear);
+        self.on.iter_mut().for_each(Vec::clear);
+        self.on.resize_with(n, Vec::new);
+        self.width.resize(n, 0.0);
+        self.hop.resize(n, None);
+        self.done.resize(n, false);
+        let mut g = 0;
         for (key, trail) in plan.trails.iter().filter(|(_, t)| plan.is_active(t)) {
-            let g = links.keys.len();
-            let mut homes = Vec::with_capacity(trail.shares.len());
+            if self.homes.len() == g {
+                self.homes.push(Vec::new());
+            }
             for (k, share) in trail.shares.iter().enumerate() {
                 if let Some(r) = fleet.position(share) {
-                    homes.push((r, k));
-                    links.on[r].push(g);
+                    self.homes[g].push((r, k));
+                    self.on[r].push(g);
                 }
             }
-            links.keys.push(*key);
-            links.sizes.push(estimate.size(trail.seen) * trail.weight);
-            links.homes.push(homes);
+            self.keys.push(*key);
+            self.sizes.push(estimate.size(trail.seen) * trail.weight);
+            g += 1;
         }
-        links
     }
 
     /// The index of group `g`'s share on replica `r`, if it has a home there.
@@ -605,13 +629,19 @@ impl Links {
         self.hop.fill(None);
         self.done.fill(false);
         self.width[source] = f64::INFINITY;
+        // The replicas reached by more than `least` and not done yet.
+        self.frontier.clear();
+        self.frontier.push(source);
         loop {
-            let next = (0..self.width.len())
-                .filter(|&r| !self.done[r] && self.width[r] > least)
-                .max_by(|&a, &b| self.width[a].total_cmp(&self.width[b]).then(b.cmp(&a)));
-            let Some(a) = next else {
+            let width = &self.width;
+            let next = (0..self.frontier.len()).max_by(|&i, &j| {
+                let (a, b) = (self.frontier[i], self.frontier[j]);
+                width[a].total_cmp(&width[b]).then(b.cmp(&a))
+            });
+            let Some(i) = next else {
                 return;
             };
+            let a = self.frontier.swap_remove(i);
             self.done[a] = true;
             for &g in &self.on[a] {
                 let Some(ka) = self.share_on(g, a) else {
@@ -623,6 +653,9 @@ impl Links {
                 }
                 for &(b, kb) in &self.homes[g] {
                     if !self.done[b] && carried > self.width[b] {
+                        if self.width[b] <= least {
+                            self.frontier.push(b);
+                        }
                         self.width[b] = carried;
                         self.hop[b] = Some((a, g, ka, kb));
                     }
