@@ -24,6 +24,8 @@ pub struct KvEventPrefixCacheConfig {
     /// After events were lost, how long the index rebuilds from live events before it is
     /// trusted again, in milliseconds; 0 trusts it at once.
     pub rebuild_ms: i64,
+    /// Count a dispatched request's blocks as held by its endpoint until it completes.
+    pub in_flight_blocks: bool,
 }
 
 impl Default for KvEventPrefixCacheConfig {
@@ -34,6 +36,7 @@ impl Default for KvEventPrefixCacheConfig {
             include_cpu_tier: false,
             fallback_producer_name: APPROX_PREFIX_CACHE_PRODUCER.to_string(),
             rebuild_ms: 60_000,
+            in_flight_blocks: true,
         }
     }
 }

@@ -18,6 +18,12 @@ type KeyMap<V> = HashMap<u64, V, BlockHashBuild>;
 /// Tiers in the order their counts are kept.
 pub const TIERS: usize = 3;
 
+/// The holder bits beyond the tiers: endpoints to which a request for the block was dispatched
+/// and has not completed (what its engine is about to store, or already stored).
+const IN_FLIGHT: usize = TIERS;
+/// Holder bit sets per request key: one per tier, and the in-flight one.
+const BIT_SETS: usize = TIERS + 1;
+
 pub fn tier(medium: Medium) -> usize {
     match medium {
         Medium::Gpu => 0,
@@ -69,6 +75,8 @@ pub struct EndpointIndex {
     ours: KeyMap<[u32; TIERS]>,
     /// Request keys held, per tier.
     pub blocks: [u64; TIERS],
+    /// Per request key, how many requests dispatched here and not completed carry it.
+    in_flight: KeyMap<u32>,
     pub unknown_parents: u64,
     pub without_tokens: u64,
     pub unknown_removals: u64,
@@ -85,6 +93,7 @@ impl EndpointIndex {
             engine: KeyMap::default(),
             ours: KeyMap::default(),
             blocks: [0; TIERS],
+            in_flight: KeyMap::default(),
             unknown_parents: 0,
             without_tokens: 0,
             unknown_removals: 0,
@@ -126,12 +135,13 @@ impl EndpointIndex {
     }
 }
 
-/// The endpoints holding one request key: a bit per host index, per tier. The first 64 host
-/// indices of each tier sit inline, so a fleet of up to 64 endpoints is matched without a
-/// pointer to follow per block; the words beyond, tier-major, in `rest`.
+/// The endpoints holding one request key: a bit per host index, per tier and for requests in
+/// flight (`IN_FLIGHT`). The first 64 host indices of each set sit inline, so a fleet of up to
+/// 64 endpoints is matched without a pointer to follow per block; the words beyond, set-major,
+/// in `rest`.
 #[derive(Debug, Clone, Default)]
 struct Holders {
-    first: [u64; TIERS],
+    first: [u64; BIT_SETS],
     rest: Vec<u64>,
 }
 
@@ -152,8 +162,8 @@ impl Holders {
         match word.checked_sub(1) {
             None => &mut self.first[tier],
             Some(beyond) => {
-                if self.rest.len() < TIERS * (words - 1) {
-                    self.rest.resize(TIERS * (words - 1), 0);
+                if self.rest.len() < BIT_SETS * (words - 1) {
+                    self.rest.resize(BIT_SETS * (words - 1), 0);
                 }
                 &mut self.rest[tier * (words - 1) + beyond]
             }
@@ -165,8 +175,8 @@ impl Holders {
         if self.rest.is_empty() {
             return;
         }
-        let mut wider = vec![0u64; TIERS * (words - 1)];
-        for tier in 0..TIERS {
+        let mut wider = vec![0u64; BIT_SETS * (words - 1)];
+        for tier in 0..BIT_SETS {
             wider[tier * (words - 1)..tier * (words - 1) + old - 1]
                 .copy_from_slice(&self.rest[tier * (old - 1)..tier * (old - 1) + old - 1]);
         }
@@ -432,11 +442,61 @@ impl KvIndex {
         removed
     }
 
+    /// Counts the request keys `keys` as held by `host_index` while a request carrying them
+    /// is in flight there: each key until as many [`KvIndex::release_in_flight`] calls.
+    pub fn add_in_flight(&mut self, host_index: usize, id: &str, keys: &[u64]) {
+        self.endpoint_mut(host_index, id);
+        for &key in keys {
+            let count = self.endpoints[host_index].in_flight.entry(key).or_insert(0);
+            *count += 1;
+            if *count == 1 {
+                self.set_bit(key, host_index, IN_FLIGHT, true);
+            }
+        }
+    }
+
+    /// Undoes one [`KvIndex::add_in_flight`] of `keys` on `host_index` (a key the endpoint no
+    /// longer counts, after a clear, is skipped).
+    pub fn release_in_flight(&mut self, host_index: usize, keys: &[u64]) {
+        let Some(endpoint) = self.endpoints.get_mut(host_index) else {
+            return;
+        };
+        let mut released = Vec::new();
+        for key in keys {
+            if let Some(count) = endpoint.in_flight.get_mut(key) {
+                *count -= 1;
+                if *count == 0 {
+                    endpoint.in_flight.remove(key);
+                    released.push(*key);
+                }
+            }
+        }
+        for key in released {
+            self.set_bit(key, host_index, IN_FLIGHT, false);
+        }
+    }
+
+    /// Whether `host_index`'s engine holds the request key `key` in its GPU tier.
+    pub fn engine_holds(&self, host_index: usize, key: u64) -> bool {
+        let (word, bit) = (host_index / 64, 1u64 << (host_index % 64));
+        self.holders
+            .get(&key)
+            .is_some_and(|h| h.word(0, word, self.words) & bit != 0)
+    }
+
+    /// Request keys counted for requests in flight to `host_index`.
+    pub fn in_flight_keys(&self, host_index: usize) -> usize {
+        self.endpoints
+            .get(host_index)
+            .map_or(0, |endpoint| endpoint.in_flight.len())
+    }
+
     /// Forgets everything `host_index` holds and sets its status.
     pub fn clear(&mut self, host_index: usize, id: &str, status: Status) {
         self.endpoint_mut(host_index, id);
         let endpoint = &mut self.endpoints[host_index];
         let ours: Vec<(u64, [u32; TIERS])> = endpoint.ours.drain().collect();
+        let in_flight: Vec<u64> = endpoint.in_flight.drain().map(|(key, _)| key).collect();
         endpoint.engine.clear();
         endpoint.blocks = [0; TIERS];
         endpoint.status = status;
@@ -446,6 +506,9 @@ impl KvIndex {
                     self.set_bit(key, host_index, tier, false);
                 }
             }
+        }
+        for key in in_flight {
+            self.set_bit(key, host_index, IN_FLIGHT, false);
         }
     }
 
@@ -535,7 +598,8 @@ impl KvIndex {
                     continue;
                 }
                 let held = holders.map_or(0, |h| {
-                    let mut bits = h.word(0, word, self.words);
+                    let mut bits =
+                        h.word(0, word, self.words) | h.word(IN_FLIGHT, word, self.words);
                     if include_cpu {
                         bits |= h.word(1, word, self.words);
                     }
@@ -566,10 +630,9 @@ impl KvIndex {
             if alive == 0 {
                 return;
             }
-            let held = self
-                .holders
-                .get(hash)
-                .map_or(0, |h| h.first[0] | if include_cpu { h.first[1] } else { 0 });
+            let held = self.holders.get(hash).map_or(0, |h| {
+                h.first[0] | h.first[IN_FLIGHT] | if include_cpu { h.first[1] } else { 0 }
+            });
             credit(alive & !held, 0, position as u64, matched);
             alive &= held;
         }

@@ -9,6 +9,7 @@ mod carry;
 pub mod config;
 pub mod index;
 
+use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 
 use serde_json::json;
@@ -16,7 +17,8 @@ use switchyard_plugin_api::keys::{PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOK
 use switchyard_plugin_api::kv::{KvEvent, KvEventBatch};
 use switchyard_plugin_api::sdk::{Declare, Instance, Param, PluginFactory, ProduceBatch, Producer};
 use switchyard_plugin_api::{
-    AttrValue, PluginError, PluginKind, PrefixCacheMatchInfo, ProduceItem, Stability,
+    AttrValue, EndpointView, Outcome, PluginError, PluginKind, PrefixCacheMatchInfo, ProduceItem,
+    RequestView, Stability,
 };
 use switchyard_prefix_hashing::hash_prompt_into;
 
@@ -82,6 +84,14 @@ pub static FACTORY: PluginFactory = PluginFactory {
                           incomplete.",
         },
         Param {
+            name: "inFlightBlocks",
+            value_type: "bool",
+            default: "true",
+            range: "true | false",
+            description: "Count a request's blocks as held by the endpoint it was dispatched to \
+                          until it completes: what its engine is about to store.",
+        },
+        Param {
             name: "rebuildMs",
             value_type: "integer",
             default: "60000",
@@ -117,12 +127,30 @@ struct Scratch {
     matching: MatchScratch,
 }
 
+/// The last request produced for, kept for its dispatch: a request is usually dispatched
+/// right after its decision, and its blocks need not be hashed again.
+#[derive(Default)]
+struct LastProduced {
+    request_id: String,
+    /// False when nothing is kept (several block sizes, a text prompt, or taken already).
+    valid: bool,
+    block_size: u32,
+    hashes: Vec<u64>,
+    /// Matched blocks per host index, and the request's blocks.
+    matched: Vec<u64>,
+    total: u64,
+}
+
 /// One configured instance.
 pub struct KvEventProducer {
     name: String,
     config: KvEventPrefixCacheConfig,
     index: RwLock<KvIndex>,
     scratch: Mutex<Vec<Scratch>>,
+    last: Mutex<LastProduced>,
+    /// Per request in flight, its endpoint's host index and the request keys counted there
+    /// for it (those the endpoint did not hold yet).
+    in_flight: Mutex<HashMap<String, (usize, Vec<u64>)>>,
 }
 
 impl KvEventProducer {
@@ -132,6 +160,8 @@ impl KvEventProducer {
             index: RwLock::new(KvIndex::new(config.block_size())),
             config,
             scratch: Mutex::new(Vec::new()),
+            last: Mutex::new(LastProduced::default()),
+            in_flight: Mutex::new(HashMap::new()),
         }
     }
 
@@ -278,6 +308,59 @@ impl KvEventProducer {
                 AttrValue::PrefixCacheMatch(value),
             );
         }
+        if self.config.in_flight_blocks {
+            // Kept for the dispatch by swapping buffers: the scratch gets the older ones.
+            let mut last = lock(&self.last);
+            last.valid = estimated.is_none() && scratch.sizes.len() == 1;
+            if last.valid {
+                last.request_id.clear();
+                last.request_id.push_str(&request.id);
+                last.block_size = scratch.sizes[0];
+                std::mem::swap(&mut last.hashes, &mut scratch.hashes);
+                std::mem::swap(&mut last.matched, &mut scratch.matched);
+                last.total = scratch.totals[0];
+            }
+        }
+    }
+
+    /// The request keys of `request` that `endpoint`'s engine does not hold in its GPU tier,
+    /// from the hashes of the last produce call when it was this request's.
+    fn keys_new_to(&self, request: &RequestView<'_>, endpoint: &EndpointView<'_>) -> Vec<u64> {
+        let host = endpoint.host_index as usize;
+        let index = self.read();
+        let size = index.block_size(host);
+        let mut last = lock(&self.last);
+        let kept = last.valid && last.request_id == request.id.as_str() && last.block_size == size;
+        if kept {
+            last.valid = false;
+            // Matched whole with nothing in flight there: the engine holds it all.
+            if last.matched.get(host) == Some(&last.total) && index.in_flight_keys(host) == 0 {
+                return Vec::new();
+            }
+        } else {
+            // Another request's kept hashes are overwritten: it hashes afresh in turn.
+            last.valid = false;
+            let seed = index.request_seed(&request.model, &request.cache_salt);
+            last.hashes.clear();
+            for prompt in request.prompts.iter() {
+                hash_prompt_into(
+                    seed,
+                    &prompt.tokens,
+                    size as usize,
+                    self.config.max_blocks(),
+                    &mut last.hashes,
+                );
+            }
+        }
+        let mut keys: Vec<u64> = last
+            .hashes
+            .iter()
+            .copied()
+            .filter(|&key| !index.engine_holds(host, key))
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
     }
 
     /// Applies one endpoint's events in order.
@@ -340,6 +423,29 @@ impl Producer for KvEventProducer {
         Ok(())
     }
 
+    /// With `inFlightBlocks`, counts the request's blocks the endpoint does not hold yet as
+    /// held there until the request completes: the engine stores them when it prefills it,
+    /// and a request routed meanwhile should find them.
+    fn dispatched(&self, request: &RequestView<'_>, endpoint: &EndpointView<'_>) {
+        if !self.config.in_flight_blocks {
+            return;
+        }
+        let keys = self.keys_new_to(request, endpoint);
+        if keys.is_empty() {
+            return;
+        }
+        let host = endpoint.host_index as usize;
+        self.write().add_in_flight(host, &endpoint.id, &keys);
+        lock(&self.in_flight).insert(request.id.to_string(), (host, keys));
+    }
+
+    fn completed(&self, request: &RequestView<'_>, _endpoint: &EndpointView<'_>, _: Outcome) {
+        let counted = lock(&self.in_flight).remove(request.id.as_str());
+        if let Some((host, keys)) = counted {
+            self.write().release_in_flight(host, &keys);
+        }
+    }
+
     fn kv_events(&self, batch: &KvEventBatch) -> Result<(), PluginError> {
         self.apply(batch);
         Ok(())
@@ -375,6 +481,7 @@ impl Producer for KvEventProducer {
                     "unknownParents": e.unknown_parents,
                     "storesWithoutTokens": e.without_tokens,
                     "unknownRemovals": e.unknown_removals,
+                    "inFlightKeys": index.in_flight_keys(host_index),
                     "malformed": e.malformed,
                 })
             })

@@ -618,3 +618,100 @@ fn a_garbled_index_is_refused_and_the_instance_keeps_working() {
     send(&successor, 2, 0, vec![stored(&[8, 9], None, tokens(0, 2))]);
     assert_eq!(matched(&successor, &prompt(2)), [0, 1, 2]);
 }
+
+/// Engines of `BLOCK` tokens per block, before any event tells it.
+const BLOCK_PARAMETERS: &str = r#"{"blockSizeTokens": 4}"#;
+
+/// Produces for `request` (as the host does before dispatching it) and dispatches it to
+/// endpoint `slot` of three.
+fn produce_and_dispatch(h: &Harness, request: &TestRequest, slot: usize) {
+    let endpoints = TestEndpoint::several(3);
+    h.produce(request, &endpoints, &Attributes::new())
+        .expect("produces");
+    h.dispatched(request, &endpoints[slot], slot)
+        .expect("dispatched");
+}
+
+fn complete(h: &Harness, request: &TestRequest, slot: usize) {
+    let endpoints = TestEndpoint::several(3);
+    h.completed(
+        request,
+        &endpoints[slot],
+        slot,
+        switchyard_plugin_api::Outcome::Finished,
+    )
+    .expect("completed");
+}
+
+fn in_flight_keys(h: &Harness, host_index: usize) -> u64 {
+    let state = h.state().unwrap().unwrap();
+    state["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["hostIndex"] == host_index)
+        .map_or(0, |e| e["inFlightKeys"].as_u64().unwrap())
+}
+
+#[test]
+fn a_dispatched_requests_blocks_count_on_its_endpoint_until_it_completes() {
+    let h = harness(BLOCK_PARAMETERS);
+    let first = prompt(3).id("first");
+    let second = prompt(3).id("second");
+    produce_and_dispatch(&h, &first, 1);
+    // Queued at endpoint 1, not yet prefilled: its engine announced nothing, yet the next
+    // request for the same prompt finds it there.
+    assert_eq!(matched(&h, &second), [0, 3, 0]);
+    assert_eq!(in_flight_keys(&h, 1), 3);
+    // Its engine stores the blocks, it completes: the events alone answer.
+    send(&h, 1, 0, vec![stored(&[1, 2], None, tokens(0, 2))]);
+    complete(&h, &first, 1);
+    assert_eq!(matched(&h, &second), [0, 2, 0]);
+    assert_eq!(in_flight_keys(&h, 1), 0);
+}
+
+#[test]
+fn only_blocks_the_endpoint_lacks_are_counted_and_a_prefix_it_holds_costs_nothing() {
+    let h = harness(BLOCK_PARAMETERS);
+    send(&h, 0, 0, vec![stored(&[1, 2], None, tokens(0, 2))]);
+    let whole = prompt(2).id("whole");
+    produce_and_dispatch(&h, &whole, 0);
+    assert_eq!(in_flight_keys(&h, 0), 0, "a prompt held whole adds nothing");
+    let longer = prompt(4).id("longer");
+    produce_and_dispatch(&h, &longer, 0);
+    assert_eq!(
+        in_flight_keys(&h, 0),
+        2,
+        "the two blocks beyond the held ones"
+    );
+    // Two requests in flight carry the same new blocks: both must complete to release them.
+    let again = prompt(4).id("again");
+    produce_and_dispatch(&h, &again, 0);
+    complete(&h, &longer, 0);
+    assert_eq!(matched(&h, &prompt(4)), [4, 0, 0]);
+    complete(&h, &again, 0);
+    assert_eq!(matched(&h, &prompt(4)), [2, 0, 0]);
+    // A request produced for as part of another call (not the last one produced) is hashed
+    // afresh at its dispatch.
+    let other = prompt(3).id("other");
+    let endpoints = TestEndpoint::several(3);
+    h.produce(&other, &endpoints, &Attributes::new()).unwrap();
+    h.produce(&whole, &endpoints, &Attributes::new()).unwrap();
+    h.dispatched(&other, &endpoints[2], 2).unwrap();
+    assert_eq!(matched(&h, &prompt(3)), [2, 0, 3]);
+}
+
+#[test]
+fn in_flight_blocks_go_with_a_cleared_endpoint_and_can_be_turned_off() {
+    let h = harness(BLOCK_PARAMETERS);
+    let first = prompt(3).id("first");
+    produce_and_dispatch(&h, &first, 2);
+    send(&h, 2, 0, vec![KvEvent::AllBlocksCleared]);
+    assert_eq!(matched(&h, &prompt(3)), [0, 0, 0]);
+    complete(&h, &first, 2);
+    assert_eq!(in_flight_keys(&h, 2), 0);
+
+    let off = harness(r#"{"blockSizeTokens": 4, "inFlightBlocks": false}"#);
+    produce_and_dispatch(&off, &first, 2);
+    assert_eq!(matched(&off, &prompt(3)), [0, 0, 0]);
+}
