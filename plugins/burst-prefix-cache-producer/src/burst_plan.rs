@@ -587,8 +587,8 @@ impl Links {
         self.width.resize(n, 0.0);
         self.hop.resize(n, None);
         self.done.resize(n, false);
-        let mut g = 0;
-        for (key, trail) in plan.trails.iter().filter(|(_, t)| plan.is_active(t)) {
+        let active = plan.trails.iter().filter(|(_, t)| plan.is_active(t));
+        for (g, (key, trail)) in active.enumerate() {
             if self.homes.len() == g {
                 self.homes.push(Vec::new());
             }
@@ -600,7 +600,6 @@ impl Links {
             }
             self.keys.push(*key);
             self.sizes.push(estimate.size(trail.seen) * trail.weight);
-            g += 1;
         }
     }
 
