@@ -225,16 +225,10 @@ impl KvEventProducer {
         for &size in &scratch.sizes {
             scratch.hashes.clear();
             scratch.ends.clear();
-            for prompt in request.prompts.iter() {
-                hash_prompt_into(
-                    seed,
-                    &prompt.tokens,
-                    size as usize,
-                    self.config.max_blocks(),
-                    &mut scratch.hashes,
-                );
-                scratch.ends.push(scratch.hashes.len());
-            }
+            let ends = &mut scratch.ends;
+            self.hash_prompts(seed, request, size, &mut scratch.hashes, |end| {
+                ends.push(end)
+            });
             scratch.totals.push(scratch.hashes.len() as u64);
             scratch.candidates.clear();
             scratch.candidates.resize(width.div_ceil(64), 0);
@@ -323,6 +317,28 @@ impl KvEventProducer {
         }
     }
 
+    /// Appends the request keys of `request`'s prompts in blocks of `size` to `out`, telling
+    /// `prompt_end` where each prompt's keys end.
+    fn hash_prompts(
+        &self,
+        seed: u64,
+        request: &RequestView<'_>,
+        size: u32,
+        out: &mut Vec<u64>,
+        mut prompt_end: impl FnMut(usize),
+    ) {
+        for prompt in request.prompts.iter() {
+            hash_prompt_into(
+                seed,
+                &prompt.tokens,
+                size as usize,
+                self.config.max_blocks(),
+                out,
+            );
+            prompt_end(out.len());
+        }
+    }
+
     /// The request keys of `request` that `endpoint`'s engine does not hold in its GPU tier,
     /// from the hashes of the last produce call when it was this request's.
     fn keys_new_to(&self, request: &RequestView<'_>, endpoint: &EndpointView<'_>) -> Vec<u64> {
@@ -342,15 +358,7 @@ impl KvEventProducer {
             last.valid = false;
             let seed = index.request_seed(&request.model, &request.cache_salt);
             last.hashes.clear();
-            for prompt in request.prompts.iter() {
-                hash_prompt_into(
-                    seed,
-                    &prompt.tokens,
-                    size as usize,
-                    self.config.max_blocks(),
-                    &mut last.hashes,
-                );
-            }
+            self.hash_prompts(seed, request, size, &mut last.hashes, |_| {});
         }
         let mut keys: Vec<u64> = last
             .hashes

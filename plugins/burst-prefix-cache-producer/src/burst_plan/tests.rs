@@ -4,6 +4,19 @@
 use super::*;
 use std::collections::BTreeSet;
 
+/// The group of each arrival: `sizes[g]` arrivals of group `g`, shuffled by `next`.
+fn shuffled_arrivals(sizes: &[usize], next: &mut impl FnMut(u64) -> u64) -> Vec<usize> {
+    let mut arrivals: Vec<usize> = sizes
+        .iter()
+        .enumerate()
+        .flat_map(|(g, &size)| std::iter::repeat_n(g, size))
+        .collect();
+    for i in (1..arrivals.len()).rev() {
+        arrivals.swap(i, next(i as u64 + 1) as usize);
+    }
+    arrivals
+}
+
 /// Groups of `sizes` members arriving in a random order, cut into windows of 1..=`max_window`
 /// requests; returns the requests per replica and the (group, replica) placements.
 fn burst_over_windows(
@@ -41,14 +54,7 @@ fn burst_with(
 ) -> (Vec<usize>, usize, Vec<usize>) {
     let replicas = carried.len();
     let mut next = switchyard_plugin_api::testing::numbers(seed);
-    let mut arrivals: Vec<usize> = sizes
-        .iter()
-        .enumerate()
-        .flat_map(|(g, &size)| std::iter::repeat_n(g, size))
-        .collect();
-    for i in (1..arrivals.len()).rev() {
-        arrivals.swap(i, next(i as u64 + 1) as usize);
-    }
+    let arrivals = shuffled_arrivals(sizes, &mut next);
     let ids: Vec<String> = (0..replicas).map(|r| format!("/r{r:02}")).collect();
     let mut load = vec![0usize; replicas];
     let mut pairs = BTreeSet::new();
@@ -590,14 +596,7 @@ fn burst_cut_as(
     cuts: &[usize],
 ) -> (Vec<usize>, usize) {
     let mut next = switchyard_plugin_api::testing::numbers(seed);
-    let mut arrivals: Vec<usize> = sizes
-        .iter()
-        .enumerate()
-        .flat_map(|(g, &size)| std::iter::repeat_n(g, size))
-        .collect();
-    for i in (1..arrivals.len()).rev() {
-        arrivals.swap(i, next(i as u64 + 1) as usize);
-    }
+    let arrivals = shuffled_arrivals(sizes, &mut next);
     let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
     let mut load = vec![0usize; 8];
     let mut pairs = BTreeSet::new();
