@@ -84,20 +84,20 @@ pub static FACTORY: PluginFactory = PluginFactory {
                           incomplete.",
         },
         Param {
-            name: "inFlightBlocks",
-            value_type: "bool",
-            default: "true",
-            range: "true | false",
-            description: "Count a request's blocks as held by the endpoint it was dispatched to \
-                          until it completes: what its engine is about to store.",
-        },
-        Param {
             name: "rebuildMs",
             value_type: "integer",
             default: "60000",
             range: ">= 0",
             description: "After events were lost, how long the index rebuilds from live events \
                           before it is trusted again; 0 trusts it at once.",
+        },
+        Param {
+            name: "inFlightBlocks",
+            value_type: "bool",
+            default: "true",
+            range: "true | false",
+            description: "Count a request's blocks as held by the endpoint it was dispatched to \
+                          until it completes: what its engine is about to store.",
         },
     ],
     create,
