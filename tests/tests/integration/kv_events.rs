@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use switchyard_tests::live::{
-    binary, eventually, free_port, json, metric_sum, post_ok, send, start_router, temp_dir,
-    wait_healthy, word_tokenizer, Process, Router, FAST_REPLICA,
+    binary, eventually, free_port, json, metric_sum, metrics_page, post_ok, send, start_router,
+    temp_dir, wait_healthy, word_tokenizer, Process, Router, FAST_REPLICA,
 };
 
 const PRODUCER: &str = "kv-event-prefix-cache-producer";
@@ -932,4 +932,94 @@ async fn text_without_a_tokenizer_is_marked_estimated_and_mispredicted() {
         "precision {:.3} of the estimate",
         correct / predicted
     );
+}
+
+/// `pipeline`'s text with the KV-event producer's `inFlightBlocks` set.
+fn pipeline_counting(publishers: &[&Publisher], in_flight_blocks: bool) -> String {
+    let text = pipeline(publishers, 60_000);
+    let counting = text.replace(
+        "rebuildMs = 60000\n",
+        &format!("rebuildMs = 60000\ninFlightBlocks = {in_flight_blocks}\n"),
+    );
+    assert_ne!(
+        counting, text,
+        "the producer's parameters are where this test expects them"
+    );
+    counting
+}
+
+/// A request routed to r0, which holds the first half of its prompt, waits there unprefilled
+/// behind a long request; a second request for the same prompt is routed meanwhile. Returns
+/// the request keys the producer counted for the first on r0 and the blocks it predicted r0
+/// to hold for the second.
+async fn second_of_a_queued_pair(in_flight_blocks: bool) -> (u64, u64) {
+    // One running sequence each, so a request sent while a replica is busy waits unprefilled.
+    let extra = ["--max-running", "1"];
+    let replicas = [
+        publisher_with("r0", "array", false, 1000, None, &extra).await,
+        publisher_with("r1", "array", false, 1000, None, &extra).await,
+    ];
+    let dir = temp_dir(&format!("kv-in-flight-{in_flight_blocks}"));
+    let config = pipeline_counting(&[&replicas[0], &replicas[1]], in_flight_blocks);
+    let router = start_router(&dir, &config, "", &[]).await;
+    for (i, p) in replicas.iter().enumerate() {
+        subscribed(&router, i, p).await;
+    }
+    let prompt = tokens(7000, PROMPT);
+    direct(replicas[0].process.addr, &prompt[..PROMPT / 2]).await;
+    caught_up(&router, 0, &replicas[0]).await;
+    // r0 busy with a long request sent past the router: 0.75 s of decode on 375 of its 1000
+    // blocks, so it runs rather than waits for room.
+    let busy = {
+        let addr = replicas[0].process.addr;
+        let body = serde_json::json!({
+            "model": "test-model", "prompt": tokens(50_000, 8), "max_tokens": 1500,
+        });
+        tokio::spawn(async move { post_ok(addr, "/v1/completions", &body).await })
+    };
+    let running = eventually(Duration::from_secs(10), || async {
+        let page = metrics_page(replicas[0].process.addr).await;
+        metric_sum(&page, "vllm:num_requests_running") >= 1.0
+    })
+    .await;
+    assert!(running, "the long request never ran");
+    let first = {
+        let api = router.api();
+        let body =
+            serde_json::json!({"model": "test-model", "prompt": prompt.clone(), "max_tokens": 1});
+        tokio::spawn(async move { post_ok(api, "/v1/completions", &body).await })
+    };
+    // Routed to r0 (half its prompt is there) and waiting: nothing of it stored yet.
+    let waiting = eventually(Duration::from_secs(10), || async {
+        let page = metrics_page(replicas[0].process.addr).await;
+        metric_sum(&page, "vllm:num_requests_waiting") >= 1.0
+    })
+    .await;
+    assert!(waiting, "the first request never waited at r0");
+    let keys = index_of(&router, 0).await["inFlightKeys"]
+        .as_u64()
+        .unwrap_or(0);
+    let (info, _) = predicted(&router, "second", &prompt).await;
+    let first = first.await.expect("first answered");
+    assert_eq!(switchyard_tests::live::replica_name(&first), "r0");
+    busy.await.expect("long request answered");
+    (keys, info["matchBlocks"].as_u64().unwrap_or(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_queued_unprefilled_counts_its_blocks_for_the_next_on_its_replica() {
+    let whole = (PROMPT / BLOCK) as u64;
+    let (keys, matched) = second_of_a_queued_pair(true).await;
+    assert_eq!(
+        keys,
+        whole / 2,
+        "the queued request's blocks its replica lacked, counted"
+    );
+    assert_eq!(
+        matched, whole,
+        "the second request finds the whole prompt on r0"
+    );
+    // Without the count the index knows only the half r0's engine announced.
+    let (keys, matched) = second_of_a_queued_pair(false).await;
+    assert_eq!((keys, matched), (0, whole / 2));
 }
