@@ -443,8 +443,14 @@ impl Producer for KvEventProducer {
             return;
         }
         let host = endpoint.host_index as usize;
-        self.write().add_in_flight(host, &endpoint.id, &keys);
-        lock(&self.in_flight).insert(request.id.to_string(), (host, keys));
+        let mut index = self.write();
+        index.add_in_flight(host, &endpoint.id, &keys);
+        // Ids are unique among requests in flight; were one reused, the older count goes now
+        // rather than never.
+        let replaced = lock(&self.in_flight).insert(request.id.to_string(), (host, keys));
+        if let Some((host, keys)) = replaced {
+            index.release_in_flight(host, &keys);
+        }
     }
 
     fn completed(&self, request: &RequestView<'_>, _endpoint: &EndpointView<'_>, _: Outcome) {

@@ -715,3 +715,19 @@ fn in_flight_blocks_go_with_a_cleared_endpoint_and_can_be_turned_off() {
     produce_and_dispatch(&off, &first, 2);
     assert_eq!(matched(&off, &prompt(3)), [0, 0, 0]);
 }
+
+#[test]
+fn a_request_id_dispatched_again_before_it_completed_leaves_no_count_behind() {
+    let h = harness(BLOCK_PARAMETERS);
+    let request = prompt(3).id("same");
+    produce_and_dispatch(&h, &request, 0);
+    produce_and_dispatch(&h, &request, 1);
+    assert_eq!(
+        in_flight_keys(&h, 0),
+        0,
+        "the first count went with the second dispatch"
+    );
+    complete(&h, &request, 1);
+    assert_eq!((in_flight_keys(&h, 0), in_flight_keys(&h, 1)), (0, 0));
+    assert_eq!(matched(&h, &prompt(3)), [0, 0, 0]);
+}
