@@ -363,6 +363,9 @@ impl Conversation {
             placement.cost.as_secs_f64(),
             (placement.decided_ms - placement.arrival_ms).max(0.0) / 1000.0,
         );
+        if let Some(tokenizing) = placement.tokenizing {
+            self.picker.metrics.tokenized(tokenizing.as_secs_f64());
+        }
         let (placed, charge) = match placement.result {
             Ok(placed) => placed,
             Err(rejection) => return self.reject(ApiError::rejected(&rejection)).await,

@@ -92,6 +92,9 @@ pub struct Placement {
     pub record: Option<Arc<ReplayOutput>>,
     /// The prefix tokens the pipeline expected the chosen endpoint to hold, per producer.
     pub predicted: Predicted,
+    /// Time spent turning a text prompt into token ids before admission; `None` when the
+    /// request carried token ids or was refused before its prompt was read.
+    pub tokenizing: Option<Duration>,
 }
 
 /// A dispatched request's charge. Released exactly once: by [`InFlight::finish`], or as
@@ -246,7 +249,21 @@ impl LiveScheduler {
         mut request: Request,
         subset: Option<&Subset>,
     ) -> Placement {
-        request.prompt = self.tokenized(request.prompt).await;
+        let tokenizing = if request.prompt.is_text() {
+            // Refused now rather than after tokenizing, the costliest step of admission.
+            {
+                let mut inner = self.lock();
+                if let Some((key, limit)) = self.saturated(&inner) {
+                    let id = inner.unique_id(request.id);
+                    return self.refused(id, self.clock.now_ms(), key, limit);
+                }
+            }
+            let started = Instant::now();
+            request.prompt = self.tokenized(request.prompt).await;
+            Some(started.elapsed())
+        } else {
+            None
+        };
         let arrival_ms;
         let receiver;
         let request_id;
@@ -257,22 +274,10 @@ impl LiveScheduler {
             self.seal_due(&mut inner, now);
             self.sync_fleet(&mut inner);
             request.id = inner.unique_id(request.id);
-            if self.limits.total > 0 && inner.total_in_flight >= self.limits.total {
-                return self.refused(request.id, now, "max_in_flight", self.limits.total);
-            }
-            if self.limits.per_endpoint > 0
-                && !inner.fleet.members.is_empty()
-                && inner.fleet.members.iter().all(|m| {
-                    inner.in_flight.get(&m.endpoint.id).copied().unwrap_or(0)
-                        >= self.limits.per_endpoint
-                })
-            {
-                return self.refused(
-                    request.id,
-                    now,
-                    "max_in_flight_per_endpoint",
-                    self.limits.per_endpoint,
-                );
+            if let Some((key, limit)) = self.saturated(&inner) {
+                let mut refused = self.refused(request.id, now, key, limit);
+                refused.tokenizing = tokenizing;
+                return refused;
             }
             let (sender, rx) = oneshot::channel();
             receiver = rx;
@@ -310,7 +315,9 @@ impl LiveScheduler {
             },
         };
         pending.receiver = None;
-        self.into_placement(delivery)
+        let mut placement = self.into_placement(delivery);
+        placement.tokenizing = tokenizing;
+        placement
     }
 
     /// The prompt's token ids, made by the running pipeline's tokenizer outside the scheduler's
@@ -332,6 +339,20 @@ impl LiveScheduler {
         }))
     }
 
+    /// The in-flight limit that a new request would exceed now, with its value, if any.
+    fn saturated(&self, inner: &Inner) -> Option<(&'static str, u32)> {
+        if self.limits.total > 0 && inner.total_in_flight >= self.limits.total {
+            return Some(("max_in_flight", self.limits.total));
+        }
+        let every_endpoint_full = !inner.fleet.members.is_empty()
+            && inner.fleet.members.iter().all(|m| {
+                inner.in_flight.get(&m.endpoint.id).copied().unwrap_or(0)
+                    >= self.limits.per_endpoint
+            });
+        (self.limits.per_endpoint > 0 && every_endpoint_full)
+            .then_some(("max_in_flight_per_endpoint", self.limits.per_endpoint))
+    }
+
     fn refused(&self, request_id: String, now: f64, key: &str, limit: u32) -> Placement {
         Placement {
             request_id,
@@ -343,6 +364,7 @@ impl LiveScheduler {
             cost: Duration::ZERO,
             record: None,
             predicted: Predicted::default(),
+            tokenizing: None,
         }
     }
 
@@ -373,6 +395,7 @@ impl LiveScheduler {
             cost,
             record,
             predicted,
+            tokenizing: None,
         }
     }
 

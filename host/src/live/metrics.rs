@@ -118,6 +118,7 @@ pub struct Handles {
     broken_messages: Family<Labels, Counter>,
     decision_seconds: Histogram,
     window_wait_seconds: Histogram,
+    tokenize_seconds: Histogram,
     connections_open: Gauge,
     connections_closed: Family<Labels, Counter>,
     connection_cap_reached: Counter,
@@ -146,6 +147,7 @@ impl Default for Handles {
             prefix_unchecked: Counter::default(),
             decision_seconds: Histogram::new(exponential_buckets(1e-6, 2.0, 20)),
             window_wait_seconds: Histogram::new(exponential_buckets(1e-4, 2.0, 16)),
+            tokenize_seconds: Histogram::new(exponential_buckets(1e-6, 2.0, 24)),
             connections_open: Gauge::default(),
             connections_closed,
             connection_cap_reached: Counter::default(),
@@ -218,6 +220,11 @@ impl Metrics {
         if window_wait_seconds > 0.0 {
             self.window_wait_seconds.observe(window_wait_seconds);
         }
+    }
+
+    /// A text prompt was turned into token ids before admission, taking `seconds`.
+    pub fn tokenized(&self, seconds: f64) {
+        self.tokenize_seconds.observe(seconds);
     }
 
     /// A client connection on the API listener opened (`1`) or ended (`-1`).
@@ -346,6 +353,11 @@ impl Metrics {
             "window_wait_seconds",
             "Time requests waited in a batching window before their decision",
             self.window_wait_seconds.clone(),
+        );
+        registry.register(
+            "tokenize_duration_seconds",
+            "Time spent turning a text prompt into token ids before admission (estimates included)",
+            self.tokenize_seconds.clone(),
         );
 
         registry.register(

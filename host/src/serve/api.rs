@@ -190,6 +190,9 @@ impl Router {
                 placement.cost.as_secs_f64(),
                 (placement.decided_ms - placement.arrival_ms).max(0.0) / 1000.0,
             );
+            if let Some(tokenizing) = placement.tokenizing {
+                self.metrics.tokenized(tokenizing.as_secs_f64());
+            }
             if attempt == 0 {
                 if let Some(entry) = journal.as_mut() {
                     entry.set_placement(placement.arrival_ms, &placement.request_id);

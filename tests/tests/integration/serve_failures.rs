@@ -1033,6 +1033,12 @@ async fn max_in_flight_rejects_with_429_while_full() {
         "{page}"
     );
     assert_eq!(metric_sum(&page, "switchyard_in_flight_total"), 0.0);
+    // Every text prompt admitted was read into token ids; the refused one was refused first.
+    assert_eq!(
+        metric_sum(&page, "switchyard_tokenize_duration_seconds_count"),
+        4.0,
+        "{page}"
+    );
 }
 
 // 7. The official `openai` Python client.
