@@ -132,8 +132,11 @@ struct Scratch {
 #[derive(Default)]
 struct LastProduced {
     request_id: String,
-    /// False when nothing is kept (several block sizes, a text prompt, or taken already).
+    /// False when nothing is kept (several block sizes, or taken already).
     valid: bool,
+    /// The request's token ids were the host's estimate, which no engine stores: nothing is
+    /// counted for it.
+    estimated: bool,
     block_size: u32,
     hashes: Vec<u64>,
     /// Matched blocks per host index, and the request's blocks.
@@ -305,14 +308,15 @@ impl KvEventProducer {
         if self.config.in_flight_blocks {
             // Kept for the dispatch by swapping buffers: the scratch gets the older ones.
             let mut last = lock(&self.last);
-            last.valid = estimated.is_none() && scratch.sizes.len() == 1;
+            last.estimated = estimated.is_some();
+            last.valid = last.estimated || scratch.sizes.len() == 1;
             if last.valid {
                 last.request_id.clear();
                 last.request_id.push_str(&request.id);
-                last.block_size = scratch.sizes[0];
+                last.block_size = scratch.sizes.first().copied().unwrap_or(0);
                 std::mem::swap(&mut last.hashes, &mut scratch.hashes);
                 std::mem::swap(&mut last.matched, &mut scratch.matched);
-                last.total = scratch.totals[0];
+                last.total = scratch.totals.first().copied().unwrap_or(0);
             }
         }
     }
@@ -346,9 +350,14 @@ impl KvEventProducer {
         let index = self.read();
         let size = index.block_size(host);
         let mut last = lock(&self.last);
-        let kept = last.valid && last.request_id == request.id.as_str() && last.block_size == size;
+        let kept = last.valid
+            && last.request_id == request.id.as_str()
+            && (last.estimated || last.block_size == size);
         if kept {
             last.valid = false;
+            if last.estimated {
+                return Vec::new();
+            }
             // Matched whole with nothing in flight there: the engine holds it all.
             if last.matched.get(host) == Some(&last.total) && index.in_flight_keys(host) == 0 {
                 return Vec::new();

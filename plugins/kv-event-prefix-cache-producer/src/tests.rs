@@ -731,3 +731,20 @@ fn a_request_id_dispatched_again_before_it_completed_leaves_no_count_behind() {
     assert_eq!((in_flight_keys(&h, 0), in_flight_keys(&h, 1)), (0, 0));
     assert_eq!(matched(&h, &prompt(3)), [0, 0, 0]);
 }
+
+#[test]
+fn a_request_whose_token_ids_were_estimated_counts_nothing_in_flight() {
+    use switchyard_plugin_api::keys::{TOKENIZED_PROMPT, TOKEN_PRODUCER};
+    let h = harness(BLOCK_PARAMETERS);
+    let endpoints = TestEndpoint::several(3);
+    let estimated = Attributes::new().set(
+        DataKey::new(TOKENIZED_PROMPT, TOKEN_PRODUCER),
+        vec![AttrValue::Custom(b"estimated"[..].into()); 3],
+    );
+    let request = prompt(3).id("text");
+    h.produce(&request, &endpoints, &estimated).unwrap();
+    h.dispatched(&request, &endpoints[0], 0).unwrap();
+    // No engine stores the host's estimate: counting it would only make other estimates match.
+    assert_eq!(in_flight_keys(&h, 0), 0);
+    complete(&h, &request, 0);
+}
