@@ -148,6 +148,7 @@ fn conversation(text: &str) -> Vec<ChatMessage> {
             .filter_map(|_| lines.next())
             .collect::<Vec<_>>()
             .join("\n"),
+        unrendered: None,
     };
     let mut messages = vec![message("system")];
     for _ in 0..3 {

@@ -83,6 +83,10 @@ struct RawBody {
     sampling_params: Option<SamplingParams>,
     #[serde(default)]
     stream: Option<bool>,
+    #[serde(default)]
+    tools: Option<serde_json::Value>,
+    #[serde(default)]
+    chat_template_kwargs: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -96,6 +100,8 @@ struct RawMessage {
     role: String,
     #[serde(default)]
     content: Option<Content>,
+    #[serde(default)]
+    tool_calls: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -131,7 +137,31 @@ pub fn parse(api: Api, bytes: &[u8]) -> Result<InferenceBody, BodyError> {
         }
         Api::ChatCompletions => {
             let messages = raw.messages.ok_or(BodyError::missing("messages", api))?;
-            let messages = messages
+            let mut unrendered = Vec::new();
+            if raw.tools.as_ref().is_some_and(carries_something) {
+                unrendered.push("tools");
+            }
+            if raw
+                .chat_template_kwargs
+                .as_ref()
+                .is_some_and(carries_something)
+            {
+                unrendered.push("chat_template_kwargs");
+            }
+            if messages
+                .iter()
+                .any(|m| m.tool_calls.as_ref().is_some_and(carries_something))
+            {
+                unrendered.push("tool calls");
+            }
+            let non_text = |m: &RawMessage| match &m.content {
+                Some(Content::Parts(parts)) => parts.iter().any(|p| p.kind != "text"),
+                _ => false,
+            };
+            if messages.iter().any(non_text) {
+                unrendered.push("non-text content");
+            }
+            let mut messages: Vec<ChatMessage> = messages
                 .into_iter()
                 .map(|m| ChatMessage {
                     role: m.role,
@@ -144,8 +174,12 @@ pub fn parse(api: Api, bytes: &[u8]) -> Result<InferenceBody, BodyError> {
                             .filter_map(|p| p.text)
                             .collect(),
                     },
+                    unrendered: None,
                 })
                 .collect();
+            if let Some(first) = messages.first_mut().filter(|_| !unrendered.is_empty()) {
+                first.unrendered = Some(unrendered.join(", "));
+            }
             (
                 Prompt::Chat(messages),
                 raw.max_completion_tokens.or(raw.max_tokens),
@@ -167,6 +201,16 @@ pub fn parse(api: Api, bytes: &[u8]) -> Result<InferenceBody, BodyError> {
         max_output_tokens,
         stream: raw.stream.unwrap_or(false),
     })
+}
+
+/// Whether an optional chat field holds anything: not null, not an empty list or object.
+fn carries_something(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::Null => false,
+        serde_json::Value::Array(items) => !items.is_empty(),
+        serde_json::Value::Object(fields) => !fields.is_empty(),
+        _ => true,
+    }
 }
 
 /// A completions `prompt`: a string, a list of strings, a list of token ids or a list of such
@@ -334,6 +378,30 @@ mod tests {
         assert_eq!(messages.len(), 3);
         assert_eq!(messages[1].content, "hello");
         assert_eq!(messages[2].content, "");
+        // The image part is not text the router can render: the request says so.
+        assert_eq!(messages[0].unrendered.as_deref(), Some("non-text content"));
+        let with_tools = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],
+            "tools":[{"type":"function","function":{"name":"f"}}],
+            "chat_template_kwargs":{"enable_thinking":false}}"#;
+        let Prompt::Chat(messages) = parse(Api::ChatCompletions, with_tools.as_bytes())
+            .expect("parses")
+            .prompt
+        else {
+            panic!("chat expected")
+        };
+        assert_eq!(
+            messages[0].unrendered.as_deref(),
+            Some("tools, chat_template_kwargs")
+        );
+        let plain = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"tools":[],
+            "chat_template_kwargs":null}"#;
+        let Prompt::Chat(messages) = parse(Api::ChatCompletions, plain.as_bytes())
+            .expect("parses")
+            .prompt
+        else {
+            panic!("chat expected")
+        };
+        assert_eq!(messages[0].unrendered, None);
         assert_eq!(parsed.max_output_tokens, Some(7));
         assert_eq!(
             parse(Api::ChatCompletions, br#"{"model":"m"}"#)

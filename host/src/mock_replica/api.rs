@@ -236,6 +236,7 @@ fn chat_prompt(messages: Option<&Value>) -> Result<Prompt, ApiError> {
         chat.push(ChatMessage {
             role: role.to_string(),
             content,
+            unrendered: None,
         });
     }
     Ok(Prompt::Chat(chat))

@@ -38,10 +38,16 @@ impl Prompt {
 
 /// One chat message as the tokenizer sees it: the role, and the text of its content (text
 /// parts of structured content concatenated).
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// What the request carries beyond roles and text that its engine's chat template renders
+    /// and the router's does not get (tools, tool calls, images, template arguments), when
+    /// anything: such a chat is not tokenized as the engine tokenizes it. Set on the first
+    /// message for the whole request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unrendered: Option<String>,
 }
 
 /// One inference request to place.

@@ -97,6 +97,9 @@ pub enum Estimated {
     Chat,
     /// The chat template failed on this request's messages.
     ChatTemplate(String),
+    /// The request carries what the engine's chat template renders and the router's is not
+    /// given (`ChatMessage::unrendered`).
+    ChatUnrendered(String),
     TooLong {
         bytes: usize,
         max: u64,
@@ -111,6 +114,9 @@ impl std::fmt::Display for Estimated {
             Estimated::Chat => f.write_str("estimated: chat: no chat template"),
             Estimated::ChatTemplate(error) => {
                 write!(f, "estimated: the chat template failed: {error}")
+            }
+            Estimated::ChatUnrendered(what) => {
+                write!(f, "estimated: chat: {what} not passed to the chat template")
             }
             Estimated::TooLong { bytes, max } => write!(
                 f,
@@ -269,6 +275,12 @@ impl PromptTokenizer {
             Prompt::Tokens(_) | Prompt::Shared { .. } => exact(tokenize(prompt)),
             Prompt::Chat(_) if self.file.is_some() && self.chat.is_none() => {
                 estimate(prompt, Estimated::Chat)
+            }
+            Prompt::Chat(ref messages)
+                if self.file.is_some() && messages.iter().any(|m| m.unrendered.is_some()) =>
+            {
+                let what = messages.iter().find_map(|m| m.unrendered.clone());
+                estimate(prompt, Estimated::ChatUnrendered(what.unwrap_or_default()))
             }
             _ => {
                 let Some(file) = &self.file else {
@@ -505,6 +517,7 @@ pub(crate) mod tests {
         let chat = Prompt::Chat(vec![super::super::request::ChatMessage {
             role: "user".into(),
             content: "hi".into(),
+            unrendered: None,
         }]);
         assert_eq!(tokenize(chat), vec![vec![1919251317, 26984]]);
     }
@@ -654,6 +667,7 @@ pub(crate) mod tests {
         let chat = Prompt::Chat(vec![super::super::request::ChatMessage {
             role: "user".into(),
             content: "hello".into(),
+            unrendered: None,
         }]);
         assert_estimated(
             &loaded(true, DEFAULT_MAX_PROMPT_BYTES),
@@ -803,6 +817,7 @@ pub(crate) mod tests {
             .map(|(role, content)| ChatMessage {
                 role: role.to_string(),
                 content: content.to_string(),
+                unrendered: None,
             })
             .collect()
     }
@@ -842,6 +857,31 @@ pub(crate) mod tests {
         // Completions text still gets its special tokens.
         let text = tokenizer.tokenize(Prompt::Text("hello".into()));
         assert_eq!(text.prompts, vec![vec![0, 2]]);
+    }
+
+    #[test]
+    fn chat_carrying_what_the_template_is_not_given_keeps_the_estimate_and_says_what() {
+        let dir = chat_dir(
+            "chat-unrendered",
+            Some(serde_json::json!({"chat_template": TEMPLATE, "bos_token": "<s>"})),
+        );
+        let tokenizer = load_chat(&dir);
+        let mut conversation = messages(&[("system", "hello"), ("user", "world")]);
+        conversation[0].unrendered = Some("tools".into());
+        let tokenized = tokenizer.tokenize(Prompt::Chat(conversation.clone()));
+        assert_eq!(
+            tokenized.estimated,
+            Some(Estimated::ChatUnrendered("tools".into()))
+        );
+        assert_eq!(
+            tokenized.estimated.expect("estimated").to_string(),
+            "estimated: chat: tools not passed to the chat template"
+        );
+        conversation[0].unrendered = None;
+        assert_eq!(
+            tokenizer.tokenize(Prompt::Chat(conversation)).estimated,
+            None
+        );
     }
 
     #[test]
