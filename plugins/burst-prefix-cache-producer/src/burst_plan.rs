@@ -405,7 +405,7 @@ impl BurstPlan {
     /// shared groups only. A replica over the ceiling with nothing to move (loaded by other
     /// traffic) is passed over.
     fn rebalance(&mut self, fleet: &mut Fleet<'_>, estimate: &SizeEstimate) {
-        let floor = 2.0 * fleet.level - fleet.ceiling;
+        let floor = fleet.floor();
         if fleet
             .planned
             .iter()
@@ -422,7 +422,7 @@ impl BurstPlan {
     /// The moves of [`BurstPlan::rebalance`], over `links` filled for this window.
     fn rebalance_along(&mut self, links: &mut Links, fleet: &mut Fleet<'_>) {
         let n = fleet.replicas.len();
-        let floor = 2.0 * fleet.level - fleet.ceiling;
+        let floor = fleet.floor();
         let mut passed = vec![false; n];
         // Each move brings a replica down to the level, another up to it, or a group's part
         // (or what it can carry) on a replica to zero, so the moves are bounded by replicas
@@ -756,6 +756,12 @@ impl<'a> Fleet<'a> {
         }
         self.ceiling = self.level + (ALLOWANCE / 2.0 * self.level).max(per_member);
         self.per_member = per_member;
+    }
+
+    /// As far below the level as the ceiling is above it: a replica planned under it pulls
+    /// load to itself.
+    fn floor(&self) -> f64 {
+        2.0 * self.level - self.ceiling
     }
 
     /// Lets a replica stay up to `load` above the level before the rebalance takes from it.

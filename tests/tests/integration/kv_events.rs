@@ -948,6 +948,25 @@ fn pipeline_counting(publishers: &[&Publisher], in_flight_blocks: bool) -> Strin
     counting
 }
 
+/// Sends a completion of `prompt` to `addr` on a task of its own, answered when it is done.
+fn completion_on_its_own(
+    addr: SocketAddr,
+    prompt: Vec<u32>,
+    max_tokens: u32,
+) -> tokio::task::JoinHandle<hyper::Response<hyper::body::Incoming>> {
+    let body =
+        serde_json::json!({"model": "test-model", "prompt": prompt, "max_tokens": max_tokens});
+    tokio::spawn(async move { post_ok(addr, "/v1/completions", &body).await })
+}
+
+/// Waits (bounded) until the mock replica at `addr` reports the gauge `name` at 1 or more.
+async fn gauge_reaches_one(addr: SocketAddr, name: &str) -> bool {
+    eventually(Duration::from_secs(10), || async {
+        metric_sum(&metrics_page(addr).await, name) >= 1.0
+    })
+    .await
+}
+
 /// A request routed to r0, which holds the first half of its prompt, waits there unprefilled
 /// behind a long request; a second request for the same prompt is routed meanwhile. Returns
 /// the request keys the producer counted for the first on r0 and the blocks it predicted r0
@@ -970,32 +989,17 @@ async fn second_of_a_queued_pair(in_flight_blocks: bool) -> (u64, u64) {
     caught_up(&router, 0, &replicas[0]).await;
     // r0 busy with a long request sent past the router: 0.75 s of decode on 375 of its 1000
     // blocks, so it runs rather than waits for room.
-    let busy = {
-        let addr = replicas[0].process.addr;
-        let body = serde_json::json!({
-            "model": "test-model", "prompt": tokens(50_000, 8), "max_tokens": 1500,
-        });
-        tokio::spawn(async move { post_ok(addr, "/v1/completions", &body).await })
-    };
-    let running = eventually(Duration::from_secs(10), || async {
-        let page = metrics_page(replicas[0].process.addr).await;
-        metric_sum(&page, "vllm:num_requests_running") >= 1.0
-    })
-    .await;
-    assert!(running, "the long request never ran");
-    let first = {
-        let api = router.api();
-        let body =
-            serde_json::json!({"model": "test-model", "prompt": prompt.clone(), "max_tokens": 1});
-        tokio::spawn(async move { post_ok(api, "/v1/completions", &body).await })
-    };
+    let busy = completion_on_its_own(replicas[0].process.addr, tokens(50_000, 8), 1500);
+    assert!(
+        gauge_reaches_one(replicas[0].process.addr, "vllm:num_requests_running").await,
+        "the long request never ran"
+    );
+    let first = completion_on_its_own(router.api(), prompt.clone(), 1);
     // Routed to r0 (half its prompt is there) and waiting: nothing of it stored yet.
-    let waiting = eventually(Duration::from_secs(10), || async {
-        let page = metrics_page(replicas[0].process.addr).await;
-        metric_sum(&page, "vllm:num_requests_waiting") >= 1.0
-    })
-    .await;
-    assert!(waiting, "the first request never waited at r0");
+    assert!(
+        gauge_reaches_one(replicas[0].process.addr, "vllm:num_requests_waiting").await,
+        "the first request never waited at r0"
+    );
     let keys = index_of(&router, 0).await["inFlightKeys"]
         .as_u64()
         .unwrap_or(0);
