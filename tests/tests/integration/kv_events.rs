@@ -220,9 +220,26 @@ async fn caught_up(router: &Router, i: usize, replica: &Publisher) {
     );
 }
 
-/// Waits until the router is subscribed to replica `r{i}`: publishes empty batches until
-/// one arrives.
+/// Waits until the router is subscribed to replica `r{i}`: once its socket is connected,
+/// publishes empty batches until one arrives.
+///
+/// Nothing is published before the connection: a publisher drops what it sends with no
+/// subscriber, and a router whose first message from a publisher is its third or later
+/// rightly takes the index as incomplete (first contact). The first batch after the
+/// connection may still be lost while the subscription travels; the router takes a
+/// publisher's second message as its start, as it does for publishers counting from 1.
 async fn subscribed(router: &Router, i: usize, replica: &Publisher) {
+    let connected = eventually(Duration::from_secs(20), || async {
+        stats_of(router, i).await["connected"] == true
+    })
+    .await;
+    assert!(
+        connected,
+        "never connected to r{i}: {}",
+        stats_of(router, i).await
+    );
+    // The subscription follows the connection; most often it has arrived by now.
+    tokio::time::sleep(Duration::from_millis(100)).await;
     let reached = eventually(Duration::from_secs(20), || async {
         let _ = send(
             replica.process.addr,

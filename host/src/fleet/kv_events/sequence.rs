@@ -8,6 +8,8 @@ pub enum Step {
     Next,
     /// Already applied: drop it.
     Duplicate,
+    /// Already applied through the connection this one replaced: drop it.
+    Repeated,
     /// Messages `from..seq` are missing.
     Gap { from: u64 },
     /// The publisher started over (its sequence went back after a reconnect, or to 0).
@@ -22,11 +24,20 @@ pub struct Sequence {
     last: Option<u64>,
     /// The connection was re-established since the last message.
     reconnected: bool,
+    /// Messages up to this one came through the connection this one replaced while both were
+    /// open.
+    overlap: Option<u64>,
 }
 
 impl Sequence {
     /// Classifies `seq` and, unless it is a duplicate, takes it as the last one applied.
     pub fn observe(&mut self, seq: u64) -> Step {
+        if let Some(through) = self.overlap {
+            if seq <= through {
+                return Step::Repeated;
+            }
+            self.overlap = None;
+        }
         let reconnected = std::mem::replace(&mut self.reconnected, false);
         let step = match self.last {
             // A publisher counts from 0 (vLLM) or 1 (some simulators).
@@ -46,6 +57,13 @@ impl Sequence {
     /// The connection to the publisher was lost and made again.
     pub fn reconnected(&mut self) {
         self.reconnected = true;
+    }
+
+    /// A new connection to the same publisher replaced one that delivered up to the last
+    /// message: its first messages may repeat those.
+    pub fn overlapped(&mut self) {
+        self.reconnected = false;
+        self.overlap = self.last;
     }
 
     pub fn last(&self) -> Option<u64> {
@@ -96,5 +114,24 @@ mod tests {
         let mut s = Sequence::default();
         assert_eq!(s.observe(40), Step::FirstContact);
         assert_eq!(s.observe(41), Step::Next);
+    }
+
+    #[test]
+    fn a_replacing_connection_drops_what_the_old_one_delivered_and_goes_on_from_there() {
+        let mut s = Sequence::default();
+        s.observe(0);
+        s.observe(1);
+        s.observe(2);
+        s.overlapped();
+        assert_eq!(s.observe(1), Step::Repeated);
+        assert_eq!(s.observe(2), Step::Repeated);
+        assert_eq!(s.observe(3), Step::Next);
+        assert_eq!(
+            s.observe(2),
+            Step::Duplicate,
+            "once past, a repeat counts again"
+        );
+        s.overlapped();
+        assert_eq!(s.observe(6), Step::Gap { from: 4 }, "a loss still shows");
     }
 }

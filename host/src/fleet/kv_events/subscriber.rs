@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use switchyard_plugin_api::kv::{KvEvent, Reset, ResetReason};
 use tokio::sync::mpsc;
 use zeromq::{Socket, SocketEvent, SocketRecv, SubSocket, ZmqMessage};
@@ -31,27 +31,29 @@ pub async fn run(
         sequence: Sequence::default(),
     };
     let mut connected_before = false;
+    // A connection opened ahead of an idle spell's swap.
+    let mut ready: Option<(Connection, bool)> = None;
     loop {
-        let mut socket = SubSocket::new();
-        let mut monitor = socket.monitor();
-        if let Err(e) = socket.subscribe(&subscriber.subscription.topic).await {
-            subscriber.note_connect_failure(&e.to_string());
-            tokio::time::sleep(subscriber.settings.reconnect).await;
-            continue;
-        }
-        let address = subscriber.subscription.address.clone();
-        match tokio::time::timeout(subscriber.settings.reconnect * 10, socket.connect(&address))
-            .await
-        {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                subscriber.note_connect_failure(&e.to_string());
-                tokio::time::sleep(subscriber.settings.reconnect).await;
-                continue;
+        let mut same_publisher = false;
+        let (mut socket, mut monitor) = match ready.take() {
+            Some((connection, alive)) => {
+                same_publisher = alive;
+                connection
             }
-            Err(_) => continue,
-        }
-        if connected_before {
+            None => match subscriber.open().await {
+                Ok(connection) => connection,
+                Err(e) => {
+                    if let Some(e) = e {
+                        subscriber.note_connect_failure(&e);
+                    }
+                    tokio::time::sleep(subscriber.settings.reconnect).await;
+                    continue;
+                }
+            },
+        };
+        if same_publisher {
+            subscriber.sequence.overlapped();
+        } else if connected_before {
             subscriber.sequence.reconnected();
         }
         connected_before = true;
@@ -74,13 +76,41 @@ pub async fn run(
                     Some(SocketEvent::Disconnected(_)) | None => break,
                     Some(_) => {}
                 },
-                () = idle(subscriber.settings.idle_reconnect) => break,
+                () = idle(subscriber.settings.idle_reconnect) => {
+                    // A publisher silent this long may have restarted unnoticed. The new
+                    // connection is made while the old one is still read, so a healthy
+                    // publisher loses nothing to the check.
+                    match subscriber.open_beside(&mut socket).await {
+                        Swap::Ready { connection, alive } => {
+                            ready = Some((connection, alive));
+                            break;
+                        }
+                        Swap::Failed => {}
+                        Swap::Closed => return,
+                    }
+                }
             }
         }
         subscriber.stats.connected.store(false, Relaxed);
         drop(socket);
-        tokio::time::sleep(subscriber.settings.reconnect).await;
+        if ready.is_none() {
+            tokio::time::sleep(subscriber.settings.reconnect).await;
+        }
     }
+}
+
+/// A subscribed, connected socket and its monitor.
+type Connection = (SubSocket, futures_channel::mpsc::Receiver<SocketEvent>);
+
+/// How opening a new connection beside a live one ended.
+enum Swap {
+    /// `alive`: the old connection still delivered while the new one was made, so the new
+    /// one reaches the same publisher and its first messages repeat what was taken.
+    Ready { connection: Connection, alive: bool },
+    /// The new connection could not be made; the old one stays.
+    Failed,
+    /// Nobody takes deliveries any more.
+    Closed,
 }
 
 /// Resolves after `limit`, or never.
@@ -100,6 +130,80 @@ struct Subscriber {
 }
 
 impl Subscriber {
+    /// Opens a connection to the publisher. `Err(None)`: the attempt timed out.
+    async fn open(&self) -> Result<Connection, Option<String>> {
+        let mut socket = SubSocket::new();
+        let monitor = socket.monitor();
+        socket
+            .subscribe(&self.subscription.topic)
+            .await
+            .map_err(|e| Some(e.to_string()))?;
+        let address = self.subscription.address.as_str();
+        match tokio::time::timeout(self.settings.reconnect * 10, socket.connect(address)).await {
+            Ok(Ok(())) => Ok((socket, monitor)),
+            Ok(Err(e)) => Err(Some(e.to_string())),
+            Err(_) => Err(None),
+        }
+    }
+
+    /// Opens a new connection while still taking the messages `live` receives, and keeps
+    /// reading `live` for one reconnect period after, while the new subscription reaches the
+    /// publisher; what `live` has received by then is taken before it is given up.
+    async fn open_beside(&mut self, live: &mut SubSocket) -> Swap {
+        let mut taken = Vec::new();
+        let opened = {
+            let opening = self.open();
+            tokio::pin!(opening);
+            loop {
+                tokio::select! {
+                    opened = &mut opening => break opened,
+                    message = live.recv() => match message {
+                        Ok(message) => taken.push(message),
+                        Err(_) => break (&mut opening).await,
+                    },
+                }
+            }
+        };
+        let mut alive = !taken.is_empty();
+        for message in taken {
+            if !self.handle(message).await {
+                return Swap::Closed;
+            }
+        }
+        let connection = match opened {
+            Ok(connection) => connection,
+            Err(e) => {
+                if let Some(e) = e {
+                    self.note_connect_failure(&e);
+                }
+                return Swap::Failed;
+            }
+        };
+        let overlap = tokio::time::sleep(self.settings.reconnect);
+        tokio::pin!(overlap);
+        loop {
+            tokio::select! {
+                () = &mut overlap => break,
+                message = live.recv() => match message {
+                    Ok(message) => {
+                        alive = true;
+                        if !self.handle(message).await {
+                            return Swap::Closed;
+                        }
+                    }
+                    Err(_) => break,
+                },
+            }
+        }
+        while let Some(Ok(message)) = live.recv().now_or_never() {
+            alive = true;
+            if !self.handle(message).await {
+                return Swap::Closed;
+            }
+        }
+        Swap::Ready { connection, alive }
+    }
+
     fn note_connect_failure(&self, error: &str) {
         if self.stats.connect_failures.fetch_add(1, Relaxed) == 0 {
             tracing::warn!(
@@ -177,6 +281,7 @@ impl Subscriber {
                 self.stats.duplicates.fetch_add(1, Relaxed);
                 return true;
             }
+            Step::Repeated => return true,
             Step::Next => {}
             Step::Gap { from } => {
                 self.stats.gaps.fetch_add(1, Relaxed);
