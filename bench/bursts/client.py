@@ -430,7 +430,25 @@ async def fetch_decisions(session, admin, ids):
         out.append({"id": d["id"], "arrival_ms": d.get("arrival_ms"),
                     "decided_ms": d.get("decided_ms"), "endpoints": d.get("endpoints"),
                     "window": [w["opened_ms"], w["sealed_ms"], w["batch_size"]] if w else None})
-    return {"records": out, "matched": len(out), "asked": len(ids)}
+    return {"records": out, "matched": len(out), "asked": len(ids),
+            "plan": await fetch_burst_plan(session, admin)}
+
+
+async def fetch_burst_plan(session, admin):
+    """The burst producer's view of the step's first window (`burstStart` of its state):
+    what each replica carried then and what the plan put on it."""
+    try:
+        async with session.get(admin.rstrip("/") + "/plugins/state") as r:
+            if r.status != 200:
+                return {"error": "admin /plugins/state answered %d" % r.status}
+            states = await r.json()
+    except Exception as e:  # noqa: BLE001
+        return {"error": repr(e)}
+    for state in states.values():
+        if isinstance(state, dict) and isinstance(state.get("plan"), dict):
+            return {"burstStart": state["plan"].get("burstStart"),
+                    "groupsRemembered": state["plan"].get("groupsRemembered")}
+    return None
 
 
 async def run(args):

@@ -141,7 +141,80 @@ pub struct BurstPlan {
     last_burst_ms: Option<u64>,
     /// The rebalance's buffers, kept between windows.
     links: Links,
+    /// What the plan saw and decided in its latest window, and in the first window of the
+    /// latest burst (one whose groups are the only ones still arriving), for `state`.
+    latest: WindowView,
+    burst_start: WindowView,
 }
+
+/// One window as the plan saw it: per replica the load it carried, the part of that no
+/// remembered group explains, and the load planned for it once the window was placed.
+#[derive(Debug, Default, Clone)]
+struct WindowView {
+    at_ms: u64,
+    requests: usize,
+    groups: usize,
+    level: f64,
+    replicas: Vec<Box<str>>,
+    carried: Vec<u64>,
+    unexplained: Vec<f64>,
+    planned: Vec<f64>,
+}
+
+impl WindowView {
+    /// Takes the window's figures, reusing its buffers (a replica's name is copied only when
+    /// the replica list changed).
+    fn record(&mut self, at_ms: u64, groups: &[WindowGroup<'_>], fleet: &Fleet<'_>, base: &[f64]) {
+        self.at_ms = at_ms;
+        self.requests = groups.iter().map(|g| g.positions.len()).sum();
+        self.groups = groups.iter().filter(|g| !g.positions.is_empty()).count();
+        self.level = fleet.level;
+        let same = self.replicas.len() == fleet.replicas.len()
+            && self
+                .replicas
+                .iter()
+                .zip(fleet.replicas)
+                .all(|(name, r)| **name == *r.id);
+        if !same {
+            self.replicas = fleet.replicas.iter().map(|r| r.id.into()).collect();
+        }
+        self.carried.clear();
+        self.carried
+            .extend(fleet.replicas.iter().map(|r| r.running_requests));
+        self.unexplained.clear();
+        self.unexplained.extend_from_slice(base);
+        self.planned.clear();
+        self.planned.extend_from_slice(&fleet.planned);
+    }
+
+    fn describe(&self) -> serde_json::Value {
+        let replicas: Vec<serde_json::Value> = (0..self.replicas.len())
+            .map(|r| {
+                serde_json::json!({
+                    "id": &*self.replicas[r],
+                    "carried": self.carried[r],
+                    "unexplained": rounded(self.unexplained[r]),
+                    "planned": rounded(self.planned[r]),
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "atMs": self.at_ms,
+            "requests": self.requests,
+            "groups": self.groups,
+            "level": rounded(self.level),
+            "replicas": replicas,
+        })
+    }
+}
+
+/// `x` to two decimals, for reading.
+fn rounded(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// Groups `BurstPlan::describe` lists, the most seen first.
+const DESCRIBED_GROUPS: usize = 64;
 
 impl BurstPlan {
     /// A plan that remembers groups for `memory_ms`, behind batch windows of `window_ms`.
@@ -157,7 +230,51 @@ impl BurstPlan {
             newest_group_from: 0,
             last_burst_ms: None,
             links: Links::default(),
+            latest: WindowView::default(),
+            burst_start: WindowView::default(),
         }
+    }
+
+    /// The plan as `state` shows it: the groups remembered (the most seen first) with their
+    /// parts per replica, and the replicas' loads as the latest window and the first window of
+    /// the latest burst saw and planned them.
+    pub fn describe(&self) -> serde_json::Value {
+        let mut trails: Vec<&Trail> = self.trails.values().collect();
+        trails.sort_by(|a, b| {
+            b.seen
+                .cmp(&a.seen)
+                .then(a.first_arrival.cmp(&b.first_arrival))
+        });
+        let groups: Vec<serde_json::Value> = trails
+            .iter()
+            .take(DESCRIBED_GROUPS)
+            .map(|t| {
+                let parts: Vec<serde_json::Value> = t
+                    .shares
+                    .iter()
+                    .map(|s| {
+                        serde_json::json!({
+                            "replica": &*s.replica,
+                            "part": rounded(s.part),
+                            "sent": s.sent,
+                        })
+                    })
+                    .collect();
+                serde_json::json!({
+                    "seen": t.seen,
+                    "firstMs": t.first_ms,
+                    "lastMs": t.last_ms,
+                    "active": self.is_active(t),
+                    "parts": parts,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "groupsRemembered": self.trails.len(),
+            "groups": groups,
+            "latestWindow": self.latest.describe(),
+            "burstStart": self.burst_start.describe(),
+        })
     }
 
     /// Whether a burst may be going on at `now_ms`: a group had a second member within the
@@ -202,6 +319,7 @@ impl BurstPlan {
             return groups.iter().map(|_| Vec::new()).collect();
         }
         self.sweep(now_ms);
+        let window_from = self.arrivals;
         let mut fresh = Vec::new();
         for (g, group) in groups.iter().enumerate() {
             if group.positions.is_empty() {
@@ -235,6 +353,8 @@ impl BurstPlan {
         self.arrivals += groups.iter().map(|g| g.positions.len() as u64).sum::<u64>();
         self.now_ms = now_ms;
         let burst_groups = self.active().filter(|t| t.seen > 1).count() as u64;
+        // A window whose groups are the only ones still arriving starts a burst.
+        let starts_burst = self.active().all(|t| t.first_arrival >= window_from);
 
         let estimate = SizeEstimate::of(self.active().map(|t| t.seen));
         let mut fleet = Fleet::new(replicas);
@@ -306,6 +426,10 @@ impl BurstPlan {
                 }
             }
             self.rebalance(&mut fleet, &estimate);
+        }
+        self.latest.record(now_ms, groups, &fleet, &base);
+        if starts_burst {
+            self.burst_start.clone_from(&self.latest);
         }
 
         groups

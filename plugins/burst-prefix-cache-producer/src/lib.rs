@@ -206,6 +206,14 @@ impl Producer for BurstProducer {
         declared
     }
 
+    /// The burst plan (`groupMemoryMs`): the groups it remembers and where their parts go,
+    /// and the replicas' loads as its latest window and the first window of the latest burst
+    /// saw them. Nothing without a plan.
+    fn state(&self) -> Option<serde_json::Value> {
+        let plan = self.plan.as_ref()?;
+        Some(serde_json::json!({ "plan": lock(plan).describe() }))
+    }
+
     fn produce(
         &self,
         items: &[ProduceItem<'_>],

@@ -794,3 +794,61 @@ fn new_prompts_sharing_most_blocks_in_one_window_land_together() {
         "{placed:?}"
     );
 }
+
+#[test]
+fn state_shows_the_groups_parts_and_the_loads_the_plan_saw() {
+    let producer = instance(r#"{"blockSizeTokens": 4, "assignment": "fairShare"}"#);
+    let reference = instance(r#"{"blockSizeTokens": 4}"#);
+    assert_eq!(reference.state().expect("state"), None, "no plan, no state");
+
+    // A burst's first window: pod4 carries 3 requests of other traffic; two prompts, three
+    // samples each.
+    let prompts: Vec<Vec<u32>> = (1..=2).map(|p| vec![p; 8]).collect();
+    let first: Vec<Request> = prompts
+        .iter()
+        .flat_map(|tokens| samples_at(0, 3, tokens, &[0, 0, 0, 3]))
+        .collect();
+    let placed = assigned(&first, &produce(&producer, &first));
+    // A later window of the same burst: one more sample of the first prompt.
+    let later = samples_at(5, 1, &prompts[0], &[3, 3, 0, 3]);
+    let followed = assigned(&later, &produce(&producer, &later));
+    assert_eq!(followed[0], placed[0]);
+
+    let state = producer.state().expect("state").expect("a plan");
+    let plan = &state["plan"];
+    assert_eq!(plan["groupsRemembered"], 2, "{plan}");
+    let groups = plan["groups"].as_array().expect("groups");
+    assert_eq!(groups[0]["seen"], 4, "the most seen first: {plan}");
+    assert_eq!(groups[1]["seen"], 3, "{plan}");
+    assert_eq!(groups[0]["active"], true, "{plan}");
+    assert_eq!(groups[0]["parts"][0]["replica"], placed[0], "{plan}");
+    assert_eq!(groups[0]["parts"][0]["sent"], 4, "{plan}");
+    assert_eq!(groups[1]["parts"][0]["replica"], placed[3], "{plan}");
+
+    let start = &plan["burstStart"];
+    assert_eq!(start["atMs"], 0, "{plan}");
+    assert_eq!(start["requests"], 6, "{plan}");
+    assert_eq!(start["groups"], 2, "{plan}");
+    let pod4 = &start["replicas"][3];
+    assert_eq!(pod4["id"], "/pod4", "{plan}");
+    assert_eq!(pod4["carried"], 3, "{plan}");
+    assert_eq!(
+        pod4["unexplained"], 3.0,
+        "other traffic, no group's: {plan}"
+    );
+    let latest = &plan["latestWindow"];
+    assert_eq!(latest["atMs"], 5, "{plan}");
+    assert_eq!(latest["requests"], 1, "{plan}");
+    let home = PODS.iter().position(|&pod| pod == placed[0]).unwrap();
+    assert_eq!(
+        latest["replicas"][home]["unexplained"], 0.0,
+        "what the pod carries is the group's: {plan}"
+    );
+    let planned: f64 = latest["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["planned"].as_f64().unwrap())
+        .sum();
+    assert!(planned > 0.0, "{plan}");
+}
