@@ -12,6 +12,11 @@
 //!    count's variance is its mean): equal groups (the samples of an RL step) are predicted
 //!    equal however unevenly their first members arrived, while truly unequal groups keep
 //!    their measured proportions. Estimates are relative: only their proportions are used.
+//!    When the previous burst's groups were unequal, their sizes are a second prior: the
+//!    group with the k-th most members so far is expected to be as large, in proportion, as
+//!    the previous burst's k-th largest. The counts take it when they spread around it less
+//!    than around the mean by more than a count's own variance — the next step of a training
+//!    loop repeating the last one's mix of group sizes — and shrink towards it instead.
 //! 2. A group seen for the first time goes whole to the replica with the least planned load
 //!    (estimated sizes times parts), largest first — or, when the cache estimate says some
 //!    replicas already hold its whole prompt (its first member went there before the plan
@@ -139,10 +144,16 @@ pub struct BurstPlan {
     now_ms: u64,
     /// When a group last had a second member: until `memory_ms` later a burst may be going on.
     last_burst_ms: Option<u64>,
+    /// Where (in `arrivals`) the current burst began; the sizes of its groups of two or more
+    /// already forgotten; the sizes of the previous burst's groups, largest first.
+    burst_from: u64,
+    forgotten_sizes: Vec<usize>,
+    previous_sizes: Vec<usize>,
     /// The rebalance's buffers, kept between windows.
     links: Links,
     /// What the plan saw and decided in its latest window, and in the first window of the
-    /// latest burst (one whose groups are the only ones still arriving), for `state`.
+    /// latest burst (the window that gave a group its second member while no other group of
+    /// two or more was still arriving), for `state`.
     latest: WindowView,
     burst_start: WindowView,
 }
@@ -228,6 +239,9 @@ impl BurstPlan {
             arrivals: 0,
             newest_from: 0,
             newest_group_from: 0,
+            burst_from: 0,
+            forgotten_sizes: Vec::new(),
+            previous_sizes: Vec::new(),
             last_burst_ms: None,
             links: Links::default(),
             latest: WindowView::default(),
@@ -271,6 +285,7 @@ impl BurstPlan {
             .collect();
         serde_json::json!({
             "groupsRemembered": self.trails.len(),
+            "previousBurstSizes": &self.previous_sizes,
             "groups": groups,
             "latestWindow": self.latest.describe(),
             "burstStart": self.burst_start.describe(),
@@ -320,6 +335,10 @@ impl BurstPlan {
         }
         self.sweep(now_ms);
         let window_from = self.arrivals;
+        self.now_ms = now_ms;
+        // No group of two or more still arriving: a group this window completes starts a
+        // burst.
+        let quiet = !self.active().any(|t| t.seen > 1);
         let mut fresh = Vec::new();
         for (g, group) in groups.iter().enumerate() {
             if group.positions.is_empty() {
@@ -353,10 +372,18 @@ impl BurstPlan {
         self.arrivals += groups.iter().map(|g| g.positions.len() as u64).sum::<u64>();
         self.now_ms = now_ms;
         let burst_groups = self.active().filter(|t| t.seen > 1).count() as u64;
-        // A window whose groups are the only ones still arriving starts a burst.
-        let starts_burst = self.active().all(|t| t.first_arrival >= window_from);
+        let starts_burst = quiet && self.active().any(|t| t.seen > 1);
+        if starts_burst {
+            // Its first member may have come before this window, placed alone.
+            let from = self
+                .active()
+                .filter(|t| t.seen > 1)
+                .map(|t| t.first_arrival)
+                .fold(window_from, u64::min);
+            self.end_burst(from);
+        }
 
-        let estimate = SizeEstimate::of(self.active().map(|t| t.seen));
+        let estimate = SizeEstimate::of(self.active().map(|t| t.seen), &self.previous_sizes);
         let mut fleet = Fleet::new(replicas);
         let mut sent = vec![0usize; replicas.len()];
         let (mut total, mut members_seen, mut weight_seen) = (0.0, 0usize, 0.0);
@@ -631,6 +658,24 @@ impl BurstPlan {
         }
     }
 
+    /// A burst starts with the window whose first member is `window_from`: the group sizes
+    /// of the one before it become the prior of the size estimate.
+    fn end_burst(&mut self, window_from: u64) {
+        let from = self.burst_from;
+        let mut sizes = std::mem::take(&mut self.forgotten_sizes);
+        sizes.extend(
+            self.trails
+                .values()
+                .filter(|t| t.seen > 1 && (from..window_from).contains(&t.first_arrival))
+                .map(|t| t.seen),
+        );
+        if sizes.len() >= 2 {
+            sizes.sort_unstable_by(|a, b| b.cmp(a));
+            self.previous_sizes = sizes;
+        }
+        self.burst_from = window_from;
+    }
+
     /// Drops the groups not seen for `memory_ms`, at most once per quarter of it (and whenever
     /// the clock went back, so a stray future time cannot stop the sweeps).
     fn sweep(&mut self, now_ms: u64) {
@@ -639,8 +684,15 @@ impl BurstPlan {
         }
         self.swept_ms = now_ms;
         let memory_ms = self.memory_ms;
-        self.trails
-            .retain(|_, t| t.last_ms.saturating_add(memory_ms) >= now_ms);
+        let from = self.burst_from;
+        let forgotten = &mut self.forgotten_sizes;
+        self.trails.retain(|_, t| {
+            let kept = t.last_ms.saturating_add(memory_ms) >= now_ms;
+            if !kept && t.seen > 1 && t.first_arrival >= from {
+                forgotten.push(t.seen);
+            }
+            kept
+        });
     }
 }
 
@@ -929,33 +981,85 @@ impl<'a> Fleet<'a> {
 
 /// Final group sizes predicted from the members seen so far (see the module docs).
 struct SizeEstimate {
-    mean: f64,
-    /// How much of a count's distance from the mean is kept (0: all groups predicted equal).
+    /// Per distinct count seen, most first: what a group with that count is expected to be
+    /// before its count is looked at (the mean count, or the size of the group of the same
+    /// rank in the previous burst, scaled).
+    prior: Vec<(usize, f64)>,
+    /// How much of a count's distance from its prior is kept (0: the prior alone).
     kept: f64,
 }
 
 impl SizeEstimate {
-    fn of(counts: impl Iterator<Item = usize> + Clone) -> Self {
-        let n = counts.clone().count();
+    /// The estimate for groups with `counts` members so far; `previous` holds the group sizes
+    /// of the previous burst, largest first (empty: none known).
+    fn of(counts: impl Iterator<Item = usize> + Clone, previous: &[usize]) -> Self {
+        let mut sorted: Vec<usize> = counts.collect();
+        let n = sorted.len();
         if n == 0 {
-            // No group yet: every count is taken as it is.
             return SizeEstimate {
-                mean: 0.0,
+                prior: Vec::new(),
                 kept: 1.0,
             };
         }
-        let mean = counts.clone().sum::<usize>() as f64 / n as f64;
-        let variance = counts.map(|c| (c as f64 - mean).powi(2)).sum::<f64>() / n as f64;
-        let kept = if variance > mean {
-            (variance - mean) / variance
+        sorted.sort_unstable_by(|a, b| b.cmp(a));
+        let seen = sorted.iter().sum::<usize>() as f64;
+        let mean = seen / n as f64;
+        // Groups with equal counts cannot be told apart: they share their ranks' mean prior.
+        let tied = |ranked: &[f64]| {
+            let mut prior: Vec<(usize, f64)> = Vec::new();
+            let mut i = 0;
+            while i < n {
+                let j = i + sorted[i..].iter().take_while(|&&c| c == sorted[i]).count();
+                prior.push((sorted[i], ranked[i..j].iter().sum::<f64>() / (j - i) as f64));
+                i = j;
+            }
+            prior
+        };
+        // How far the counts spread around a prior.
+        let spread = |prior: &[(usize, f64)]| {
+            sorted
+                .iter()
+                .map(|&c| (c as f64 - Self::lookup(prior, c, mean)).powi(2))
+                .sum::<f64>()
+                / n as f64
+        };
+        // Two priors: every group alike (the samples of an RL step), or each group as large as
+        // the group of the same rank in the previous burst, scaled. The second is taken when
+        // the counts spread around it less than around the first by more than a count's own
+        // variance: sorted, pure noise always fits some ranked prior a little, so a small gain
+        // is no evidence that the groups differ.
+        let mut prior = tied(&vec![mean; n]);
+        let mut around = spread(&prior);
+        if previous.len() >= 2 {
+            let at = |i: usize| previous[i.min(previous.len() - 1)] as f64;
+            let scale = seen / (0..n).map(at).sum::<f64>();
+            let ranked: Vec<f64> = (0..n).map(|i| at(i) * scale).collect();
+            let by_rank = tied(&ranked);
+            let by_rank_around = spread(&by_rank);
+            if by_rank_around + mean < around {
+                prior = by_rank;
+                around = by_rank_around;
+            }
+        }
+        // A count's variance is about its mean (Poisson): the spread around the prior beyond
+        // that is what the counts tell that the prior does not.
+        let kept = if around > mean {
+            (around - mean) / around
         } else {
             0.0
         };
-        SizeEstimate { mean, kept }
+        SizeEstimate { prior, kept }
+    }
+
+    fn lookup(prior: &[(usize, f64)], count: usize, otherwise: f64) -> f64 {
+        prior
+            .binary_search_by(|(c, _)| count.cmp(c))
+            .map_or(otherwise, |k| prior[k].1)
     }
 
     fn size(&self, seen: usize) -> f64 {
-        self.mean + self.kept * (seen as f64 - self.mean)
+        let prior = Self::lookup(&self.prior, seen, seen as f64);
+        prior + self.kept * (seen as f64 - prior)
     }
 }
 

@@ -851,4 +851,18 @@ fn state_shows_the_groups_parts_and_the_loads_the_plan_saw() {
         .map(|r| r["planned"].as_f64().unwrap())
         .sum();
     assert!(planned > 0.0, "{plan}");
+    assert_eq!(plan["previousBurstSizes"], serde_json::json!([]), "{plan}");
+
+    // A burst long after, its groups forgotten by then: the last one's sizes are kept.
+    let next = samples_at(10_000, 2, &[9; 8], &[0; 4]);
+    produce(&producer, &next);
+    let state = producer.state().expect("state").expect("a plan");
+    let plan = &state["plan"];
+    assert_eq!(
+        plan["previousBurstSizes"],
+        serde_json::json!([4, 3]),
+        "{plan}"
+    );
+    assert_eq!(plan["burstStart"]["atMs"], 10_000, "{plan}");
+    assert_eq!(plan["groupsRemembered"], 1, "{plan}");
 }
