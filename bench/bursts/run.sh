@@ -57,41 +57,20 @@ SWITCHYARD_ADMIN=28412
 SGLANG_PORT=28420
 SGLANG_METRICS=28421
 
-# The scratch directory, the pids stopped on exit, need and wait_for: shared with bench/router.
+# The scratch directory, the pids stopped on exit, need, wait_for, stop, snapshot_build and
+# aiohttp_venv: shared with bench/router.
 . "$repo/bench/router/common.sh"
-# Stops the given pids (all started here), waits for them and forgets them, so a pid is
-# never signalled again after it may have been reused.
-stop() {
-    local pid p keep
-    for pid in "$@"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "$@"; do wait "$pid" 2>/dev/null || true; done
-    keep=()
-    for p in "${pids[@]}"; do
-        [[ " $* " == *" $p "* ]] || keep+=("$p")
-    done
-    pids=("${keep[@]+"${keep[@]}"}")
-}
 
 need curl "apt-get install -y curl"
 need python3 "apt-get install -y python3 python3-venv"
 
-if [ "$BUILD_DIR" = "$repo/target/release" ] && [ ! -x target/release/switchyard ]; then
-    cargo build --release --workspace
-fi
-if [ ! -x "$CLIENT_VENV/bin/python" ] || ! "$CLIENT_VENV/bin/python" -c 'import aiohttp' 2>/dev/null; then
-    python3 -m venv "$CLIENT_VENV"
-    "$CLIENT_VENV/bin/pip" install --quiet aiohttp
-fi
+aiohttp_venv "$CLIENT_VENV"
 if [[ " $TARGETS " == *" sglang "* ]] && [ ! -x "$SGLANG_VENV/bin/python" ]; then
     python3 -m venv "$SGLANG_VENV"
     "$SGLANG_VENV/bin/pip" install --quiet "sglang-router==0.3.2"
 fi
 
-# A snapshot of the build for the whole run (the binary and the plugin libraries next to it),
-# so a rebuild in the work tree meanwhile changes nothing here.
-mkdir -p "$work/bin"
-cp "$BUILD_DIR/switchyard" "$BUILD_DIR"/lib*.so "$work/bin/"
-sy=$work/bin/switchyard
+snapshot_build
 
 replica_ports=()
 for i in $(seq 0 $((REPLICAS - 1))); do replica_ports+=($((FIRST_REPLICA_PORT + i))); done
