@@ -32,13 +32,15 @@ pub async fn run(
     };
     let mut connected_before = false;
     // A connection opened ahead of an idle spell's swap.
-    let mut ready: Option<(Connection, bool)> = None;
+    let mut ready: Option<Handover> = None;
     loop {
         let mut same_publisher = false;
+        let mut first = None;
         let (mut socket, mut monitor) = match ready.take() {
-            Some((connection, alive)) => {
-                same_publisher = alive;
-                connection
+            Some(handover) => {
+                same_publisher = handover.alive;
+                first = handover.first;
+                handover.connection
             }
             None => match subscriber.open().await {
                 Ok(connection) => connection,
@@ -62,6 +64,11 @@ pub async fn run(
         if !subscriber.catch_up().await {
             return;
         }
+        if let Some(message) = first {
+            if !subscriber.handle(message).await {
+                return;
+            }
+        }
         loop {
             tokio::select! {
                 message = socket.recv() => match message {
@@ -81,8 +88,8 @@ pub async fn run(
                     // connection is made while the old one is still read, so a healthy
                     // publisher loses nothing to the check.
                     match subscriber.open_beside(&mut socket).await {
-                        Swap::Ready { connection, alive } => {
-                            ready = Some((connection, alive));
+                        Swap::Ready(handover) => {
+                            ready = Some(handover);
                             break;
                         }
                         Swap::Failed => {}
@@ -102,11 +109,23 @@ pub async fn run(
 /// A subscribed, connected socket and its monitor.
 type Connection = (SubSocket, futures_channel::mpsc::Receiver<SocketEvent>);
 
+/// A new connection taking over from a live one.
+struct Handover {
+    connection: Connection,
+    /// The old connection still delivered while the new one was made: the new one reaches
+    /// the same publisher, and its first messages may repeat what the old one delivered.
+    alive: bool,
+    /// The new connection's first message, when one came before the handover.
+    first: Option<ZmqMessage>,
+}
+
+/// The longest an old connection is still read once its successor is connected, waiting for
+/// the successor's subscription to reach the publisher.
+const OVERLAP_MAX: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// How opening a new connection beside a live one ended.
 enum Swap {
-    /// `alive`: the old connection still delivered while the new one was made, so the new
-    /// one reaches the same publisher and its first messages repeat what was taken.
-    Ready { connection: Connection, alive: bool },
+    Ready(Handover),
     /// The new connection could not be made; the old one stays.
     Failed,
     /// Nobody takes deliveries any more.
@@ -147,8 +166,11 @@ impl Subscriber {
     }
 
     /// Opens a new connection while still taking the messages `live` receives, and keeps
-    /// reading `live` for one reconnect period after, while the new subscription reaches the
-    /// publisher; what `live` has received by then is taken before it is given up.
+    /// reading `live` after, while the new subscription reaches the publisher: until the new
+    /// connection delivers its first message (from then on it gets everything), or for one
+    /// reconnect period, at most [`OVERLAP_MAX`]. What `live` has received by then is taken
+    /// before it is given up. The new connection is read meanwhile too, so a publisher that
+    /// sends much at once finds no full queue on it.
     async fn open_beside(&mut self, live: &mut SubSocket) -> Swap {
         let mut taken = Vec::new();
         let opened = {
@@ -179,11 +201,13 @@ impl Subscriber {
                 return Swap::Failed;
             }
         };
-        let overlap = tokio::time::sleep(self.settings.reconnect);
+        let (mut socket, monitor) = connection;
+        let overlap = tokio::time::sleep(self.settings.reconnect.min(OVERLAP_MAX));
         tokio::pin!(overlap);
-        loop {
+        let first = loop {
             tokio::select! {
-                () = &mut overlap => break,
+                () = &mut overlap => break None,
+                message = socket.recv() => break message.ok(),
                 message = live.recv() => match message {
                     Ok(message) => {
                         alive = true;
@@ -191,17 +215,21 @@ impl Subscriber {
                             return Swap::Closed;
                         }
                     }
-                    Err(_) => break,
+                    Err(_) => break None,
                 },
             }
-        }
+        };
         while let Some(Ok(message)) = live.recv().now_or_never() {
             alive = true;
             if !self.handle(message).await {
                 return Swap::Closed;
             }
         }
-        Swap::Ready { connection, alive }
+        Swap::Ready(Handover {
+            connection: (socket, monitor),
+            alive,
+            first,
+        })
     }
 
     fn note_connect_failure(&self, error: &str) {
