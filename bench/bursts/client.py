@@ -407,16 +407,23 @@ STEP_FNS = {"burst": step_burst, "shared-prefix": step_shared_prefix,
             "multi-turn": step_multi_turn}
 
 
+async def admin_get(session, admin, path):
+    """GET `path` on the router's admin API: (body text, None), or (None, {"error": why})."""
+    try:
+        async with session.get(admin.rstrip("/") + path) as r:
+            if r.status != 200:
+                return None, {"error": "admin %s answered %d" % (path, r.status)}
+            return await r.text(), None
+    except Exception as e:  # noqa: BLE001
+        return None, {"error": repr(e)}
+
+
 async def fetch_decisions(session, admin, ids):
     if not admin:
         return None
-    try:
-        async with session.get(admin.rstrip("/") + "/decisions?limit=100000") as r:
-            if r.status != 200:
-                return {"error": "admin /decisions answered %d" % r.status}
-            text = await r.text()
-    except Exception as e:  # noqa: BLE001
-        return {"error": repr(e)}
+    text, error = await admin_get(session, admin, "/decisions?limit=100000")
+    if error:
+        return error
     try:
         doc = json.loads(text)
         records = doc if isinstance(doc, list) else doc.get("decisions", [])
@@ -437,14 +444,10 @@ async def fetch_decisions(session, admin, ids):
 async def fetch_burst_plan(session, admin):
     """The burst producer's view of the step's first window (`burstStart` of its state):
     what each replica carried then and what the plan put on it."""
-    try:
-        async with session.get(admin.rstrip("/") + "/plugins/state") as r:
-            if r.status != 200:
-                return {"error": "admin /plugins/state answered %d" % r.status}
-            states = await r.json()
-    except Exception as e:  # noqa: BLE001
-        return {"error": repr(e)}
-    for state in states.values():
+    text, error = await admin_get(session, admin, "/plugins/state")
+    if error:
+        return error
+    for state in json.loads(text).values():
         if isinstance(state, dict) and isinstance(state.get("plan"), dict):
             return {"burstStart": state["plan"].get("burstStart"),
                     "groupsRemembered": state["plan"].get("groupsRemembered")}

@@ -224,6 +224,10 @@ fn rounded(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
 
+/// The most group sizes of one burst kept as the next one's prior: a stream whose groups
+/// overlap without a pause never ends a burst, and must not grow the list without bound.
+const PRIOR_GROUPS: usize = 4096;
+
 /// Groups `BurstPlan::describe` lists, the most seen first.
 const DESCRIBED_GROUPS: usize = 64;
 
@@ -370,9 +374,8 @@ impl BurstPlan {
             }
         }
         self.arrivals += groups.iter().map(|g| g.positions.len() as u64).sum::<u64>();
-        self.now_ms = now_ms;
         let burst_groups = self.active().filter(|t| t.seen > 1).count() as u64;
-        let starts_burst = quiet && self.active().any(|t| t.seen > 1);
+        let starts_burst = quiet && burst_groups > 0;
         if starts_burst {
             // Its first member may have come before this window, placed alone.
             let from = self
@@ -663,11 +666,13 @@ impl BurstPlan {
     fn end_burst(&mut self, window_from: u64) {
         let from = self.burst_from;
         let mut sizes = std::mem::take(&mut self.forgotten_sizes);
+        let room = PRIOR_GROUPS.saturating_sub(sizes.len());
         sizes.extend(
             self.trails
                 .values()
                 .filter(|t| t.seen > 1 && (from..window_from).contains(&t.first_arrival))
-                .map(|t| t.seen),
+                .map(|t| t.seen)
+                .take(room),
         );
         if sizes.len() >= 2 {
             sizes.sort_unstable_by(|a, b| b.cmp(a));
@@ -688,7 +693,7 @@ impl BurstPlan {
         let forgotten = &mut self.forgotten_sizes;
         self.trails.retain(|_, t| {
             let kept = t.last_ms.saturating_add(memory_ms) >= now_ms;
-            if !kept && t.seen > 1 && t.first_arrival >= from {
+            if !kept && t.seen > 1 && t.first_arrival >= from && forgotten.len() < PRIOR_GROUPS {
                 forgotten.push(t.seen);
             }
             kept
@@ -982,9 +987,11 @@ impl<'a> Fleet<'a> {
 /// Final group sizes predicted from the members seen so far (see the module docs).
 struct SizeEstimate {
     /// Per distinct count seen, most first: what a group with that count is expected to be
-    /// before its count is looked at (the mean count, or the size of the group of the same
-    /// rank in the previous burst, scaled).
+    /// before its count is looked at, from the size of the group of the same rank in the
+    /// previous burst, scaled; empty when that prior is not taken.
     prior: Vec<(usize, f64)>,
+    /// The mean count: the prior of a count `prior` does not list.
+    mean: f64,
     /// How much of a count's distance from its prior is kept (0: the prior alone).
     kept: f64,
 }
@@ -996,25 +1003,16 @@ impl SizeEstimate {
         let mut sorted: Vec<usize> = counts.collect();
         let n = sorted.len();
         if n == 0 {
+            // No group yet: every count is taken as it is.
             return SizeEstimate {
                 prior: Vec::new(),
+                mean: 0.0,
                 kept: 1.0,
             };
         }
         sorted.sort_unstable_by(|a, b| b.cmp(a));
         let seen = sorted.iter().sum::<usize>() as f64;
         let mean = seen / n as f64;
-        // Groups with equal counts cannot be told apart: they share their ranks' mean prior.
-        let tied = |ranked: &[f64]| {
-            let mut prior: Vec<(usize, f64)> = Vec::new();
-            let mut i = 0;
-            while i < n {
-                let j = i + sorted[i..].iter().take_while(|&&c| c == sorted[i]).count();
-                prior.push((sorted[i], ranked[i..j].iter().sum::<f64>() / (j - i) as f64));
-                i = j;
-            }
-            prior
-        };
         // How far the counts spread around a prior.
         let spread = |prior: &[(usize, f64)]| {
             sorted
@@ -1028,13 +1026,20 @@ impl SizeEstimate {
         // the counts spread around it less than around the first by more than a count's own
         // variance: sorted, pure noise always fits some ranked prior a little, so a small gain
         // is no evidence that the groups differ.
-        let mut prior = tied(&vec![mean; n]);
+        let mut prior = Vec::new();
         let mut around = spread(&prior);
         if previous.len() >= 2 {
             let at = |i: usize| previous[i.min(previous.len() - 1)] as f64;
             let scale = seen / (0..n).map(at).sum::<f64>();
-            let ranked: Vec<f64> = (0..n).map(|i| at(i) * scale).collect();
-            let by_rank = tied(&ranked);
+            // Groups with equal counts cannot be told apart: they share their ranks' mean.
+            let mut by_rank: Vec<(usize, f64)> = Vec::new();
+            let mut i = 0;
+            while i < n {
+                let j = i + sorted[i..].iter().take_while(|&&c| c == sorted[i]).count();
+                let shared = (i..j).map(at).sum::<f64>() * scale / (j - i) as f64;
+                by_rank.push((sorted[i], shared));
+                i = j;
+            }
             let by_rank_around = spread(&by_rank);
             if by_rank_around + mean < around {
                 prior = by_rank;
@@ -1048,7 +1053,7 @@ impl SizeEstimate {
         } else {
             0.0
         };
-        SizeEstimate { prior, kept }
+        SizeEstimate { prior, mean, kept }
     }
 
     fn lookup(prior: &[(usize, f64)], count: usize, otherwise: f64) -> f64 {
@@ -1058,7 +1063,7 @@ impl SizeEstimate {
     }
 
     fn size(&self, seen: usize) -> f64 {
-        let prior = Self::lookup(&self.prior, seen, seen as f64);
+        let prior = Self::lookup(&self.prior, seen, self.mean);
         prior + self.kept * (seen as f64 - prior)
     }
 }
