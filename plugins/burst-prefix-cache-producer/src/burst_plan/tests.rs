@@ -764,3 +764,25 @@ fn live_cuts_table() {
     let (mean, outside, runs) = second_step_over_live_cuts(&SHAPE_5, &SHAPE_5, 6, 40);
     println!("shape 5 after shape 5: {mean:.2} placements, {outside} of {runs} out of balance");
 }
+
+#[test]
+fn a_stream_of_groups_that_never_pauses_keeps_a_bounded_prior() {
+    // Every window starts a group and adds to the one before: a burst never ends, and the
+    // groups forgotten meanwhile are kept as the next prior only up to a bound.
+    let mut plan = BurstPlan::new(2000, 100);
+    let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
+    let key = |g: usize| GroupKey {
+        blocks: 4,
+        digest: g as u64,
+    };
+    for g in 1..(PRIOR_GROUPS + 600) {
+        let window = [g, g, g - 1];
+        place_window(&mut plan, 10 * g as u64, &window, key, &ids, &[0; 8]);
+    }
+    assert!(plan.forgotten_sizes.len() <= PRIOR_GROUPS);
+    assert!(
+        plan.forgotten_sizes.len() > PRIOR_GROUPS / 2,
+        "the stream's groups were forgotten: {}",
+        plan.forgotten_sizes.len()
+    );
+}
