@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Load client of the KV-pressure bench: many tenants, each with a long prefix of its own.
 
-`run` sends `--requests` completions as a Poisson process of `--rps` to one router: each picks
+`run` sends `--requests` completions as a Poisson process of `--rps` to the routers of `--url`
+(comma-separated; request i goes to router i mod n, as a load balancer deals them): each picks
 a tenant uniformly at random and is that tenant's prefix followed by a question of its own,
 sent as token ids (so a router with the engines' tokenizer semantics can match it exactly),
 streamed, with a length of answer drawn per request. The workload is a function of `--seed`
 alone: every pipeline of one run gets the same requests at the same offsets. It records per
 request the time to the first token and to the last, and before and after the run the
-replicas' prefix-cache counters and the router's prediction counters, into `--out` (JSON).
+replicas' prefix-cache counters and the routers' prediction counters (summed), into `--out`
+(JSON).
 
 `report` turns such files into one table (stdout).
 """
@@ -107,31 +109,36 @@ async def send(session, url, model, req, t0):
 async def run(args):
     requests = workload(args)
     replica_metrics = [u.rstrip("/") + "/metrics" for u in args.replica_metrics.split(",")]
+    urls = args.url.split(",")
+    router_metrics = args.router_metrics.split(",")
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
         before = await scrape(session, replica_metrics, REPLICA_COUNTERS)
-        router_before = await scrape(session, [args.router_metrics], ROUTER_COUNTERS)
+        router_before = await scrape(session, router_metrics, ROUTER_COUNTERS)
         t0 = time.perf_counter()
 
-        async def timed(req):
+        async def timed(i, req):
             delay = t0 + req["offset_s"] - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            return await send(session, args.url, args.model, req, t0)
+            return await send(session, urls[i % len(urls)], args.model, req, t0)
 
-        records = await asyncio.gather(*(timed(r) for r in requests))
+        records = await asyncio.gather(*(timed(i, r) for i, r in enumerate(requests)))
         duration = time.perf_counter() - t0
         after = await scrape(session, replica_metrics, REPLICA_COUNTERS)
-        router_after = await scrape(session, [args.router_metrics], ROUTER_COUNTERS)
+        router_after = await scrape(session, router_metrics, ROUTER_COUNTERS)
+    router = {}
+    for url in router_metrics:
+        for k, v in router_after[url].items():
+            router[k] = router.get(k, 0) + v - router_before[url].get(k, 0)
     result = {"pipeline": args.pipeline, "producer": args.producer, "seed": args.seed,
-              "duration_s": duration,
+              "routers": len(urls), "duration_s": duration,
               "records": records,
               "replicas": {u: {k: after[u].get(k, 0) - v for k, v in before[u].items()}
                            | {k: v for k, v in after[u].items() if k not in before[u]}
                            for u in replica_metrics},
-              "router": {k: v - router_before[args.router_metrics].get(k, 0)
-                         for k, v in router_after[args.router_metrics].items()}}
+              "router": router}
     with open(args.out, "w") as f:
         json.dump(result, f)
     done = sum(1 for r in records if r.get("status") == 200 and "error" not in r)
@@ -180,7 +187,9 @@ def report(files):
         recall = correct / cached if cached else float("nan")
         print("| %s | %.1f%% | %.0f / %.0f / %.0f | %.2f / %.2f | %s / %s / %s (%s) | "
               "%.1f%% / %.1f%% | %d–%d | %d/%d |" % (
-                  doc["pipeline"], 100.0 * hits / queries if queries else float("nan"),
+                  doc["pipeline"] + (", %d routers" % doc["routers"]
+                                     if doc.get("routers", 1) > 1 else ""),
+                  100.0 * hits / queries if queries else float("nan"),
                   pct(ttft, 50), pct(ttft, 90), pct(ttft, 99), pct(e2e, 50), pct(e2e, 99),
                   format(int(predicted), ","), format(int(cached), ","),
                   format(int(correct), ","), producer or "–",
@@ -194,8 +203,9 @@ def main():
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run")
     r.add_argument("--pipeline", required=True)
-    r.add_argument("--url", required=True)
-    r.add_argument("--router-metrics", required=True)
+    r.add_argument("--url", required=True, help="the routers' completions URLs, comma-separated")
+    r.add_argument("--router-metrics", required=True,
+                   help="the routers' metrics URLs, comma-separated")
     r.add_argument("--replica-metrics", required=True)
     r.add_argument("--model", default="mock-model")
     r.add_argument("--producer", default="",

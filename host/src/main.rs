@@ -207,6 +207,11 @@ enum Command {
         /// Skip the baselines.
         #[arg(long)]
         no_baselines: bool,
+        /// Routers of each policy side by side in front of the fleet, as behind a load
+        /// balancer: requests are dealt to them in turn, each sees the replicas' load and
+        /// events but only its own requests, 1..=16.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+        routers: u16,
         /// Write report.json and report.html into this directory (created if needed).
         #[arg(long, value_name = "DIR")]
         output: Option<PathBuf>,
@@ -422,6 +427,7 @@ fn run(command: Command) -> Result<(), String> {
             kv_event_delay_ms,
             compare,
             no_baselines,
+            routers,
             output,
             seed,
             max_memory,
@@ -436,6 +442,7 @@ fn run(command: Command) -> Result<(), String> {
             kv_event_delay_ms,
             compare,
             no_baselines,
+            routers: usize::from(routers),
             output,
             seed,
             max_memory,
@@ -454,6 +461,7 @@ struct SimulateArgs {
     kv_event_delay_ms: Option<f64>,
     compare: Vec<PathBuf>,
     no_baselines: bool,
+    routers: usize,
     output: Option<PathBuf>,
     seed: u64,
     max_memory: Option<String>,
@@ -550,17 +558,37 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
         Requests::Workload(workload) => workload.len(),
     };
     eprintln!(
-        "simulating {total} requests ({label}) on {} replicas ({})",
+        "simulating {total} requests ({label}) on {} replicas ({}){}",
         fleet.replicas(),
-        fleet.describe()
+        fleet.describe(),
+        if args.routers > 1 {
+            format!(", {} routers of each policy side by side", args.routers)
+        } else {
+            String::new()
+        }
     );
 
+    // Each policy as `args.routers` routers side by side, scheduler seeds one apart.
+    let instances = args.routers;
+    let side_by_side = |build: &dyn Fn(u64) -> Result<Box<dyn SimRouter + Send>, String>| {
+        if instances == 1 {
+            return build(args.seed);
+        }
+        let routers = (0..instances as u64)
+            .map(|k| build(args.seed.wrapping_add(k)))
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok::<Box<dyn SimRouter + Send>, String>(Box::new(sim::SideBySide::new(routers)))
+    };
+    let pipeline = |name: &str, config: &LoadedConfig| {
+        side_by_side(&|seed| {
+            simulate::pipeline_router(name, config, &options, &fleet, seed)
+                .map(|router| Box::new(router) as Box<dyn SimRouter + Send>)
+                .map_err(|e| e.to_string())
+        })
+    };
     let mut routers: Vec<Box<dyn SimRouter + Send>> = Vec::new();
     let main_name = simulate::pipeline_name(&config.path);
-    routers.push(Box::new(
-        simulate::pipeline_router(&main_name, &config, &options, &fleet, args.seed)
-            .map_err(|e| e.to_string())?,
-    ));
+    routers.push(pipeline(&main_name, &config)?);
     let mut configs = vec![config_file(&main_name, &args.common.config)?];
     let mut names = vec![(main_name.clone(), args.common.config.clone())];
     for path in &args.compare {
@@ -578,30 +606,18 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
     for path in &args.compare {
         configs.push(config_file(&simulate::pipeline_name(path), path)?);
         let extra = read_config(path)?;
-        routers.push(Box::new(
-            simulate::pipeline_router(
-                &simulate::pipeline_name(path),
-                &extra,
-                &options,
-                &fleet,
-                args.seed,
-            )
-            .map_err(|e| e.to_string())?,
-        ));
+        routers.push(pipeline(&simulate::pipeline_name(path), &extra)?);
     }
     if !args.no_baselines {
-        routers.push(Box::new(sim::RoundRobin::new()));
-        routers.push(Box::new(sim::LeastInFlight::new()));
+        routers.push(side_by_side(&|_| Ok(Box::new(sim::RoundRobin::new())))?);
+        routers.push(side_by_side(&|_| Ok(Box::new(sim::LeastInFlight::new())))?);
         let approx = simulate::approx_baseline(&config).map_err(|e| e.to_string())?;
         configs.push(sim::ConfigFile {
             pipeline: "approx-prefix-load".into(),
             path: None,
             sha256: sha256_hex(simulate::APPROX_BASELINE.as_bytes()),
         });
-        routers.push(Box::new(
-            simulate::pipeline_router("approx-prefix-load", &approx, &options, &fleet, args.seed)
-                .map_err(|e| e.to_string())?,
-        ));
+        routers.push(pipeline("approx-prefix-load", &approx)?);
     }
 
     let show_progress = std::io::stderr().is_terminal();
@@ -702,6 +718,7 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
             scrape_interval_ms: fleet.scrape_interval_ms,
             kv_event_delay_ms: fleet.kv_event_delay_ms,
             seed: args.seed,
+            routers: args.routers,
             configs,
         };
         sim::write_reports(dir, &run, &reports)

@@ -2,7 +2,8 @@
 //!
 //! A workload ([`workload`]) is replayed in virtual time against modelled model-server
 //! replicas ([`replica`], [`stepper`]), with a [`SimRouter`] deciding where each request goes
-//! (a router that reads KV-cache events hears the replicas' own, [`kv_events`]); [`run`]
+//! (a router that reads KV-cache events hears the replicas' own, [`kv_events`]; several
+//! routers of one policy can stand [side by side](side_by_side)); [`run`]
 //! drives the events and returns a [`PipelineReport`], which [`write_reports`] and
 //! [`render_table`] present.
 
@@ -17,6 +18,7 @@ pub mod profile;
 pub mod replica;
 pub mod report;
 pub mod router;
+pub mod side_by_side;
 pub mod stepper;
 pub mod workload;
 
@@ -30,6 +32,7 @@ pub use report::{
 pub use router::{
     Decision, LeastInFlight, ReplicaState, RoundRobin, SimRequest, SimRouter, Tokens,
 };
+pub use side_by_side::SideBySide;
 pub use workload::{
     default_memory_limit, format_bytes, parse_bytes, parse_trace, read_trace, TraceError,
     TraceParams, Workload, WorkloadError,

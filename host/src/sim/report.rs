@@ -144,6 +144,8 @@ pub struct RunContext {
     pub kv_event_delay_ms: f64,
     /// Seed of each pipeline's scheduler.
     pub seed: u64,
+    /// Routers of each policy side by side, requests dealt to them in turn.
+    pub routers: usize,
     /// The config of each pipeline run from a file, in report order.
     pub configs: Vec<ConfigFile>,
 }

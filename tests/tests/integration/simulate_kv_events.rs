@@ -148,3 +148,66 @@ fn simulated_precise_predictions_hold_under_kv_pressure_and_approximate_ones_les
     assert_eq!(again["pipelines"], report["pipelines"]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `pipeline`'s object of `report`.
+fn pipeline<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["pipelines"]
+        .as_array()
+        .expect("pipelines")
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("no pipeline {name}"))
+}
+
+#[test]
+fn with_two_routers_side_by_side_only_the_engines_events_keep_the_whole_picture() {
+    let dir = temp_dir("side-by-side");
+    let report = simulate_under_pressure(&dir, &["--routers", "2"]);
+    assert_eq!(report["run"]["routers"], 2);
+    for p in report["pipelines"].as_array().unwrap() {
+        assert_eq!(p["completed"], 600, "{}", p["name"]);
+    }
+
+    // Each router hears every replica's events, so its index is the fleet's.
+    let precise = figures(
+        &report,
+        "precise-prefix-load",
+        "kv-event-prefix-cache-producer",
+    );
+    assert!(
+        share(precise, "precision") >= 0.95 && share(precise, "recall") >= 0.95,
+        "{precise}"
+    );
+    // Each approximate producer models the caches from half the requests that fill them: it
+    // believes in prefixes the other router's requests pushed out.
+    let approx = figures(
+        &report,
+        "approx-prefix-load",
+        "approx-prefix-cache-producer",
+    );
+    assert!(share(approx, "precision") <= 0.8, "{approx}");
+
+    let hit_rate = |name| share(pipeline(&report, name), "cache_hit_rate");
+    let (precise_hits, approx_hits) = (
+        hit_rate("precise-prefix-load"),
+        hit_rate("approx-prefix-load"),
+    );
+    assert!(
+        precise_hits >= approx_hits + 0.1,
+        "hit rate {precise_hits} with the engines' events against {approx_hits} estimated"
+    );
+    let p90 = |name| share(&pipeline(&report, name)["ttft_ms"], "p90");
+    assert!(
+        p90("precise-prefix-load") < p90("approx-prefix-load"),
+        "TTFT p90 {} against {}",
+        p90("precise-prefix-load"),
+        p90("approx-prefix-load")
+    );
+
+    // One router: the same requests, the approximate producer sees them all.
+    let alone = simulate_under_pressure(&dir, &[]);
+    assert_eq!(alone["run"]["routers"], 1);
+    let alone_approx = figures(&alone, "approx-prefix-load", "approx-prefix-cache-producer");
+    assert!(share(alone_approx, "precision") >= 0.9, "{alone_approx}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -253,6 +253,15 @@ fn run_table(out: &mut String, run: &RunContext) {
         ),
     ));
     rows.push(("seed", run.seed.to_string()));
+    if run.routers > 1 {
+        rows.push((
+            "routers",
+            format!(
+                "{} of each policy side by side, requests dealt to them in turn",
+                run.routers
+            ),
+        ));
+    }
     for config in &run.configs {
         let path = config.path.as_deref().unwrap_or("built in");
         rows.push((

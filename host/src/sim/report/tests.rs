@@ -82,6 +82,7 @@ fn run_context() -> RunContext {
         scrape_interval_ms: 0.0,
         kv_event_delay_ms: 10.0,
         seed: 7,
+        routers: 1,
         configs: vec![ConfigFile {
             pipeline: "test".into(),
             path: Some("configs/test.toml".into()),
