@@ -77,6 +77,9 @@ pub struct EndpointIndex {
     pub blocks: [u64; TIERS],
     /// Per request key, how many requests dispatched here and not completed carry it.
     in_flight: KeyMap<u32>,
+    /// Keys counted in flight that the engine does not hold in its GPU tier yet: blocks the
+    /// requests queued here will store, and evict as many of the oldest to make room for.
+    pending: u64,
     pub unknown_parents: u64,
     pub without_tokens: u64,
     pub unknown_removals: u64,
@@ -94,6 +97,7 @@ impl EndpointIndex {
             ours: KeyMap::default(),
             blocks: [0; TIERS],
             in_flight: KeyMap::default(),
+            pending: 0,
             unknown_parents: 0,
             without_tokens: 0,
             unknown_removals: 0,
@@ -388,6 +392,9 @@ impl KvIndex {
             return false;
         }
         endpoint.blocks[tier] += 1;
+        if tier == 0 && endpoint.in_flight.contains_key(&ours) {
+            endpoint.pending -= 1;
+        }
         self.set_bit(ours, host_index, tier, true);
         true
     }
@@ -409,6 +416,9 @@ impl KvIndex {
             endpoint.ours.remove(&ours);
         }
         endpoint.blocks[tier] -= 1;
+        if tier == 0 && endpoint.in_flight.contains_key(&ours) {
+            endpoint.pending += 1;
+        }
         self.set_bit(ours, host_index, tier, false);
     }
 
@@ -443,21 +453,27 @@ impl KvIndex {
     }
 
     /// Counts the request keys `keys` as held by `host_index` while a request carrying them
-    /// is in flight there: each key until as many [`KvIndex::release_in_flight`] calls.
-    pub fn add_in_flight(&mut self, host_index: usize, id: &str, keys: &[u64]) {
+    /// is in flight there: each key until as many [`KvIndex::release_in_flight`] calls. Keys
+    /// also in `partial` name a prompt's last block, short of a full one, which the engine
+    /// never stores: they are not pending.
+    pub fn add_in_flight(&mut self, host_index: usize, id: &str, keys: &[u64], partial: &[u64]) {
         self.endpoint_mut(host_index, id);
         for &key in keys {
-            let count = self.endpoints[host_index].in_flight.entry(key).or_insert(0);
+            let endpoint = &mut self.endpoints[host_index];
+            let count = endpoint.in_flight.entry(key).or_insert(0);
             *count += 1;
             if *count == 1 {
+                if !gpu_holds(endpoint, key) && !partial.contains(&key) {
+                    endpoint.pending += 1;
+                }
                 self.set_bit(key, host_index, IN_FLIGHT, true);
             }
         }
     }
 
-    /// Undoes one [`KvIndex::add_in_flight`] of `keys` on `host_index` (a key the endpoint no
-    /// longer counts, after a clear, is skipped).
-    pub fn release_in_flight(&mut self, host_index: usize, keys: &[u64]) {
+    /// Undoes one [`KvIndex::add_in_flight`] of `keys` and `partial` on `host_index` (a key
+    /// the endpoint no longer counts, after a clear, is skipped).
+    pub fn release_in_flight(&mut self, host_index: usize, keys: &[u64], partial: &[u64]) {
         let Some(endpoint) = self.endpoints.get_mut(host_index) else {
             return;
         };
@@ -467,6 +483,9 @@ impl KvIndex {
                 *count -= 1;
                 if *count == 0 {
                     endpoint.in_flight.remove(key);
+                    if !gpu_holds(endpoint, *key) && !partial.contains(key) {
+                        endpoint.pending -= 1;
+                    }
                     released.push(*key);
                 }
             }
@@ -484,6 +503,12 @@ impl KvIndex {
             .is_some_and(|h| h.word(0, word, self.words) & bit != 0)
     }
 
+    /// Blocks the requests in flight to `host_index` will store that its engine does not hold
+    /// yet.
+    pub fn pending_blocks(&self, host_index: usize) -> u64 {
+        self.endpoints.get(host_index).map_or(0, |e| e.pending)
+    }
+
     /// Request keys counted for requests in flight to `host_index`.
     pub fn in_flight_keys(&self, host_index: usize) -> usize {
         self.endpoints
@@ -497,6 +522,7 @@ impl KvIndex {
         let endpoint = &mut self.endpoints[host_index];
         let ours: Vec<(u64, [u32; TIERS])> = endpoint.ours.drain().collect();
         let in_flight: Vec<u64> = endpoint.in_flight.drain().map(|(key, _)| key).collect();
+        endpoint.pending = 0;
         endpoint.engine.clear();
         endpoint.blocks = [0; TIERS];
         endpoint.status = status;
@@ -638,6 +664,11 @@ impl KvIndex {
         }
         credit(alive, 0, hashes.len() as u64, matched);
     }
+}
+
+/// Whether `endpoint`'s engine holds `key` in its GPU tier.
+fn gpu_holds(endpoint: &EndpointIndex, key: u64) -> bool {
+    endpoint.ours.get(&key).is_some_and(|held| held[0] > 0)
 }
 
 /// Adds `blocks` to `matched` for every host index whose bit is set in `bits` (word `word`).

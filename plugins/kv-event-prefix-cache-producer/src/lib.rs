@@ -20,7 +20,7 @@ use switchyard_plugin_api::{
     AttrValue, EndpointView, Outcome, PluginError, PluginKind, PrefixCacheMatchInfo, ProduceItem,
     RequestView, Stability,
 };
-use switchyard_prefix_hashing::hash_prompt_into;
+use switchyard_prefix_hashing::{block_count, hash_prompt_into};
 
 use config::KvEventPrefixCacheConfig;
 use index::{KvIndex, MatchScratch, Status};
@@ -151,9 +151,16 @@ pub struct KvEventProducer {
     index: RwLock<KvIndex>,
     scratch: Mutex<Vec<Scratch>>,
     last: Mutex<LastProduced>,
-    /// Per request in flight, its endpoint's host index and the request keys counted there
-    /// for it (those the endpoint did not hold yet).
-    in_flight: Mutex<HashMap<String, (usize, Vec<u64>)>>,
+    /// Per request in flight, what was counted for it.
+    in_flight: Mutex<HashMap<String, InFlight>>,
+}
+
+/// The request keys counted on an endpoint for one request in flight: those its engine did
+/// not hold yet, and among them the prompts' last blocks short of a full one.
+struct InFlight {
+    host: usize,
+    keys: Vec<u64>,
+    partial: Vec<u64>,
 }
 
 impl KvEventProducer {
@@ -344,8 +351,13 @@ impl KvEventProducer {
     }
 
     /// The request keys of `request` that `endpoint`'s engine does not hold in its GPU tier,
-    /// from the hashes of the last produce call when it was this request's.
-    fn keys_new_to(&self, request: &RequestView<'_>, endpoint: &EndpointView<'_>) -> Vec<u64> {
+    /// from the hashes of the last produce call when it was this request's, and among them
+    /// the prompts' last blocks when short of a full one (no engine stores those).
+    fn keys_new_to(
+        &self,
+        request: &RequestView<'_>,
+        endpoint: &EndpointView<'_>,
+    ) -> (Vec<u64>, Vec<u64>) {
         let host = endpoint.host_index as usize;
         let index = self.read();
         let size = index.block_size(host);
@@ -356,11 +368,11 @@ impl KvEventProducer {
         if kept {
             last.valid = false;
             if last.estimated {
-                return Vec::new();
+                return (Vec::new(), Vec::new());
             }
             // Matched whole with nothing in flight there: the engine holds it all.
             if last.matched.get(host) == Some(&last.total) && index.in_flight_keys(host) == 0 {
-                return Vec::new();
+                return (Vec::new(), Vec::new());
             }
         } else {
             // Another request's kept hashes are overwritten: it hashes afresh in turn.
@@ -369,15 +381,27 @@ impl KvEventProducer {
             last.hashes.clear();
             self.hash_prompts(seed, request, size, &mut last.hashes, |_| {});
         }
-        let mut keys: Vec<u64> = last
-            .hashes
-            .iter()
-            .copied()
-            .filter(|&key| !index.engine_holds(host, key))
-            .collect();
+        // Behind a queue, the blocks the engine holds now may be evicted before this request
+        // is prefilled and stored again when it is: they count as in flight too.
+        let queued = index.pending_blocks(host) > 0;
+        let new_here = |key: &u64| queued || !index.engine_holds(host, *key);
+        let mut partial = Vec::new();
+        let mut end = 0;
+        for prompt in request.prompts.iter() {
+            let tokens = prompt.tokens.len();
+            let blocks = block_count(tokens, size as usize, self.config.max_blocks());
+            end += blocks;
+            let short = tokens % size as usize != 0 && blocks == tokens.div_ceil(size as usize);
+            if let Some(&key) = last.hashes.get(end.wrapping_sub(1)).filter(|_| short) {
+                if new_here(&key) {
+                    partial.push(key);
+                }
+            }
+        }
+        let mut keys: Vec<u64> = last.hashes.iter().copied().filter(new_here).collect();
         keys.sort_unstable();
         keys.dedup();
-        keys
+        (keys, partial)
     }
 
     /// Applies one endpoint's events in order.
@@ -447,25 +471,31 @@ impl Producer for KvEventProducer {
         if !self.config.in_flight_blocks {
             return;
         }
-        let keys = self.keys_new_to(request, endpoint);
+        let (keys, partial) = self.keys_new_to(request, endpoint);
         if keys.is_empty() {
             return;
         }
         let host = endpoint.host_index as usize;
         let mut index = self.write();
-        index.add_in_flight(host, &endpoint.id, &keys);
+        index.add_in_flight(host, &endpoint.id, &keys, &partial);
         // Ids are unique among requests in flight; were one reused, the older count goes now
         // rather than never.
-        let replaced = lock(&self.in_flight).insert(request.id.to_string(), (host, keys));
-        if let Some((host, keys)) = replaced {
-            index.release_in_flight(host, &keys);
+        let counted = InFlight {
+            host,
+            keys,
+            partial,
+        };
+        let replaced = lock(&self.in_flight).insert(request.id.to_string(), counted);
+        if let Some(old) = replaced {
+            index.release_in_flight(old.host, &old.keys, &old.partial);
         }
     }
 
     fn completed(&self, request: &RequestView<'_>, _endpoint: &EndpointView<'_>, _: Outcome) {
         let counted = lock(&self.in_flight).remove(request.id.as_str());
-        if let Some((host, keys)) = counted {
-            self.write().release_in_flight(host, &keys);
+        if let Some(old) = counted {
+            self.write()
+                .release_in_flight(old.host, &old.keys, &old.partial);
         }
     }
 
@@ -505,6 +535,7 @@ impl Producer for KvEventProducer {
                     "storesWithoutTokens": e.without_tokens,
                     "unknownRemovals": e.unknown_removals,
                     "inFlightKeys": index.in_flight_keys(host_index),
+                    "pendingBlocks": index.pending_blocks(host_index),
                     "malformed": e.malformed,
                 })
             })

@@ -748,3 +748,80 @@ fn a_request_whose_token_ids_were_estimated_counts_nothing_in_flight() {
     assert_eq!(in_flight_keys(&h, 0), 0);
     complete(&h, &request, 0);
 }
+
+fn pending_blocks(h: &Harness, host_index: usize) -> u64 {
+    let state = h.state().unwrap().unwrap();
+    state["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["hostIndex"] == host_index)
+        .map_or(0, |e| e["pendingBlocks"].as_u64().unwrap())
+}
+
+#[test]
+fn blocks_not_stored_yet_are_pending_and_a_prompts_short_last_block_never_is() {
+    let h = harness(BLOCK_PARAMETERS);
+    // Two full blocks and a short third: the engine will store two.
+    let short = TestRequest::new("base-model")
+        .tokens(&tokens(0, 3)[..2 * BLOCK as usize + 1])
+        .id("short");
+    produce_and_dispatch(&h, &short, 0);
+    assert_eq!((in_flight_keys(&h, 0), pending_blocks(&h, 0)), (3, 2));
+    send(&h, 0, 0, vec![stored(&[1], None, tokens(0, 1))]);
+    assert_eq!(pending_blocks(&h, 0), 1, "one of the two stored");
+    send(&h, 0, 1, vec![stored(&[2], Some(1), tokens(BLOCK, 1))]);
+    assert_eq!(pending_blocks(&h, 0), 0);
+    // Evicted while the request still runs: the engine would store it again.
+    send(
+        &h,
+        0,
+        2,
+        vec![KvEvent::BlockRemoved(RemovedBlocks {
+            block_hashes: vec![2],
+            ..RemovedBlocks::default()
+        })],
+    );
+    assert_eq!(pending_blocks(&h, 0), 1);
+    complete(&h, &short, 0);
+    assert_eq!((in_flight_keys(&h, 0), pending_blocks(&h, 0)), (0, 0));
+}
+
+#[test]
+fn behind_a_queue_a_held_prompt_counts_in_flight_and_survives_its_eviction() {
+    let h = harness(BLOCK_PARAMETERS);
+    send(&h, 0, 0, vec![stored(&[1, 2], None, tokens(0, 2))]);
+    // Nothing queued at endpoint 0: a prompt it holds whole is prefilled at once.
+    let at_once = prompt(2).id("at-once");
+    produce_and_dispatch(&h, &at_once, 0);
+    assert_eq!(in_flight_keys(&h, 0), 0);
+    complete(&h, &at_once, 0);
+
+    // A request whose blocks the engine lacks queues there first.
+    let ahead = TestRequest::new("base-model")
+        .tokens(&tokens(1000, 2))
+        .id("ahead");
+    produce_and_dispatch(&h, &ahead, 0);
+    assert_eq!(pending_blocks(&h, 0), 2);
+    // The held prompt's request waits behind it: its blocks count in flight.
+    let behind = prompt(2).id("behind");
+    produce_and_dispatch(&h, &behind, 0);
+    assert_eq!(in_flight_keys(&h, 0), 4);
+    // Storing the queued request's blocks evicts the held prompt; the request behind will
+    // prefill and store it again, so the next one for that prompt still goes there.
+    send(
+        &h,
+        0,
+        1,
+        vec![KvEvent::BlockRemoved(RemovedBlocks {
+            block_hashes: vec![1, 2],
+            ..RemovedBlocks::default()
+        })],
+    );
+    assert_eq!(matched(&h, &prompt(2)), [2, 0, 0]);
+    assert_eq!(pending_blocks(&h, 0), 4);
+    complete(&h, &behind, 0);
+    assert_eq!(matched(&h, &prompt(2)), [0, 0, 0]);
+    complete(&h, &ahead, 0);
+    assert_eq!((in_flight_keys(&h, 0), pending_blocks(&h, 0)), (0, 0));
+}
