@@ -115,7 +115,9 @@ config_for() {
     echo "machine:   $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg) before the runs"
     echo "build:     $BUILD_DIR/switchyard, work tree at $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
     echo "replicas:  $REPLICAS x mock-replica --cache-blocks $CACHE_BLOCKS --prefill-tokens-per-second $PREFILL_TPS --decode-tokens-per-second $DECODE_TPS --max-running $MAX_RUNNING, KV events with replay"
-    echo "routers:   $ROUTERS, each with the whole pipeline, requests dealt to them in turn"
+    if [ "$ROUTERS" -gt 1 ]; then
+        echo "routers:   $ROUTERS side by side, each with the whole pipeline, requests dealt to them in turn"
+    fi
     echo "workload:  $TENANTS tenants x $PREFIX_TOKENS-token prefixes, questions 200-400 tokens, answers 300-600, $REQUESTS requests at $RPS/s (Poisson), seed $SEED"
 } | tee "$OUT_DIR/header.txt"
 
