@@ -131,6 +131,7 @@ fn report_json_has_the_documented_keys() {
             "scrape_interval_ms",
             "kv_event_delay_ms",
             "seed",
+            "routers",
             "configs",
         ])
     );
