@@ -643,14 +643,19 @@ fn complete(h: &Harness, request: &TestRequest, slot: usize) {
     .expect("completed");
 }
 
-fn in_flight_keys(h: &Harness, host_index: usize) -> u64 {
+/// A count of endpoint `host_index` in the state, 0 for an endpoint the state leaves out.
+fn endpoint_count(h: &Harness, host_index: usize, field: &str) -> u64 {
     let state = h.state().unwrap().unwrap();
     state["endpoints"]
         .as_array()
         .unwrap()
         .iter()
         .find(|e| e["hostIndex"] == host_index)
-        .map_or(0, |e| e["inFlightKeys"].as_u64().unwrap())
+        .map_or(0, |e| e[field].as_u64().unwrap())
+}
+
+fn in_flight_keys(h: &Harness, host_index: usize) -> u64 {
+    endpoint_count(h, host_index, "inFlightKeys")
 }
 
 #[test]
@@ -750,13 +755,7 @@ fn a_request_whose_token_ids_were_estimated_counts_nothing_in_flight() {
 }
 
 fn pending_blocks(h: &Harness, host_index: usize) -> u64 {
-    let state = h.state().unwrap().unwrap();
-    state["endpoints"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e["hostIndex"] == host_index)
-        .map_or(0, |e| e["pendingBlocks"].as_u64().unwrap())
+    endpoint_count(h, host_index, "pendingBlocks")
 }
 
 #[test]

@@ -80,19 +80,25 @@ fn simulate_under_pressure(dir: &std::path::Path, extra: &[&str]) -> Value {
     serde_json::from_str(&std::fs::read_to_string(output.join("report.json")).unwrap()).unwrap()
 }
 
-/// `producer`'s figures in `pipeline`'s object of `report`.
-fn figures<'a>(report: &'a Value, pipeline: &str, producer: &str) -> &'a Value {
-    let pipelines = report["pipelines"].as_array().expect("pipelines");
-    let object = pipelines
+/// `name`'s object of `report`.
+fn pipeline<'a>(report: &'a Value, name: &str) -> &'a Value {
+    report["pipelines"]
+        .as_array()
+        .expect("pipelines")
         .iter()
-        .find(|p| p["name"] == pipeline)
-        .unwrap_or_else(|| panic!("no pipeline {pipeline}"));
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("no pipeline {name}"))
+}
+
+/// `producer`'s figures in `name`'s object of `report`.
+fn figures<'a>(report: &'a Value, name: &str, producer: &str) -> &'a Value {
+    let object = pipeline(report, name);
     object["prefix_predictions"]
         .as_array()
         .expect("prefix_predictions")
         .iter()
         .find(|p| p["producer"] == producer)
-        .unwrap_or_else(|| panic!("{pipeline} has no figures of {producer}: {object}"))
+        .unwrap_or_else(|| panic!("{name} has no figures of {producer}: {object}"))
 }
 
 fn share(figures: &Value, key: &str) -> f64 {
@@ -147,16 +153,6 @@ fn simulated_precise_predictions_hold_under_kv_pressure_and_approximate_ones_les
     let again = simulate_under_pressure(&dir, &["--kv-event-delay-ms", "0"]);
     assert_eq!(again["pipelines"], report["pipelines"]);
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// `pipeline`'s object of `report`.
-fn pipeline<'a>(report: &'a Value, name: &str) -> &'a Value {
-    report["pipelines"]
-        .as_array()
-        .expect("pipelines")
-        .iter()
-        .find(|p| p["name"] == name)
-        .unwrap_or_else(|| panic!("no pipeline {name}"))
 }
 
 #[test]
