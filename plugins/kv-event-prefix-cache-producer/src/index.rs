@@ -109,6 +109,12 @@ impl EndpointIndex {
         self.engine.len()
     }
 
+    /// One pending block stored, or no longer awaited.
+    fn settle_pending(&mut self) {
+        debug_assert!(self.pending > 0, "a pending block settled twice");
+        self.pending = self.pending.saturating_sub(1);
+    }
+
     /// The block size an event told, if one did.
     pub fn told_block_size(&self) -> Option<u32> {
         self.sized_by_events.then_some(self.block_size)
@@ -393,7 +399,7 @@ impl KvIndex {
         }
         endpoint.blocks[tier] += 1;
         if tier == 0 && endpoint.in_flight.contains_key(&ours) {
-            endpoint.pending -= 1;
+            endpoint.settle_pending();
         }
         self.set_bit(ours, host_index, tier, true);
         true
@@ -484,7 +490,7 @@ impl KvIndex {
                 if *count == 0 {
                     endpoint.in_flight.remove(key);
                     if !gpu_holds(endpoint, *key) && !partial.contains(key) {
-                        endpoint.pending -= 1;
+                        endpoint.settle_pending();
                     }
                     released.push(*key);
                 }
@@ -712,4 +718,100 @@ fn salt(stored: &StoredBlocks, lora: Option<&str>) -> String {
         salt.push_str(key);
     }
     salt
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BLOCK: u32 = 4;
+
+    /// Pending blocks recounted from scratch: keys in flight the GPU tier does not hold,
+    /// short last blocks left out.
+    fn recount(index: &KvIndex, host: usize, partial: &[u64]) -> u64 {
+        let endpoint = &index.endpoints[host];
+        endpoint
+            .in_flight
+            .keys()
+            .filter(|&&key| !gpu_holds(endpoint, key) && !partial.contains(&key))
+            .count() as u64
+    }
+
+    /// A small deterministic generator, so a failure replays.
+    fn next(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
+    #[test]
+    fn pending_blocks_match_a_recount_through_stores_evictions_requests_and_clears() {
+        let tokens: Vec<u32> = (0..8 * BLOCK).collect();
+        let mut keys = Vec::new();
+        hash_prompt_into(prompt_seed("", ""), &tokens, BLOCK as usize, 8, &mut keys);
+        // A prompt one token past the fifth block: its sixth block is short.
+        let mut short = Vec::new();
+        let short_tokens = &tokens[..5 * BLOCK as usize + 1];
+        hash_prompt_into(
+            prompt_seed("", ""),
+            short_tokens,
+            BLOCK as usize,
+            8,
+            &mut short,
+        );
+        let partial = vec![short[5]];
+        let mut index = KvIndex::new(BLOCK);
+        let mut requests: Vec<(Vec<u64>, Vec<u64>)> = Vec::new();
+        let mut state = 0x9E37_79B9_7F4A_7C15;
+        for round in 0..5_000 {
+            let roll = next(&mut state);
+            let n = (roll >> 8) as usize % 8 + 1;
+            match roll % 6 {
+                0 => {
+                    let stored = StoredBlocks {
+                        block_hashes: (0..n as u64).map(|i| 100 + i).collect(),
+                        token_ids: tokens[..n * BLOCK as usize].to_vec(),
+                        block_size: BLOCK,
+                        ..StoredBlocks::default()
+                    };
+                    index.store(0, "e", &stored);
+                }
+                1 => {
+                    let evicted: Vec<u64> = (0..8usize)
+                        .filter(|i| i % n == 0)
+                        .map(|i| 100 + i as u64)
+                        .collect();
+                    index.remove(0, "e", &evicted, Medium::Gpu);
+                }
+                2 | 3 => {
+                    let (request, short_block) = if roll.is_multiple_of(5) {
+                        (short.clone(), partial.clone())
+                    } else {
+                        (keys[..n].to_vec(), Vec::new())
+                    };
+                    index.add_in_flight(0, "e", &request, &short_block);
+                    requests.push((request, short_block));
+                }
+                4 => {
+                    if !requests.is_empty() {
+                        let (request, short_block) =
+                            requests.swap_remove(roll as usize % requests.len());
+                        index.release_in_flight(0, &request, &short_block);
+                    }
+                }
+                _ => {
+                    if roll % 50 == 5 {
+                        index.clear(0, "e", Status::Exact);
+                        requests.clear();
+                    }
+                }
+            }
+            assert_eq!(
+                index.pending_blocks(0),
+                recount(&index, 0, &partial),
+                "round {round}"
+            );
+        }
+    }
 }
