@@ -350,9 +350,10 @@ impl KvEventProducer {
         }
     }
 
-    /// The request keys of `request` that `endpoint`'s engine does not hold in its GPU tier,
-    /// from the hashes of the last produce call when it was this request's, and among them
-    /// the prompts' last blocks when short of a full one (no engine stores those).
+    /// The request keys of `request` that `endpoint`'s engine does not hold in its GPU tier
+    /// (all of them while blocks are pending there), from the hashes of the last produce call
+    /// when it was this request's, and among them the prompts' last blocks when short of a
+    /// full one (no engine stores those).
     fn keys_new_to(
         &self,
         request: &RequestView<'_>,
