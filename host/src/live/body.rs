@@ -168,11 +168,14 @@ pub fn parse(api: Api, bytes: &[u8]) -> Result<InferenceBody, BodyError> {
                     content: match m.content {
                         None => String::new(),
                         Some(Content::Text(text)) => text,
+                        // One line per text part, as vLLM joins them for a template
+                        // that takes text content.
                         Some(Content::Parts(parts)) => parts
                             .into_iter()
                             .filter(|p| p.kind == "text")
                             .filter_map(|p| p.text)
-                            .collect(),
+                            .collect::<Vec<_>>()
+                            .join("\n"),
                     },
                     unrendered: None,
                 })
@@ -376,7 +379,7 @@ mod tests {
             panic!("chat expected")
         };
         assert_eq!(messages.len(), 3);
-        assert_eq!(messages[1].content, "hello");
+        assert_eq!(messages[1].content, "he\nllo");
         assert_eq!(messages[2].content, "");
         // The image part is not text the router can render: the request says so.
         assert_eq!(messages[0].unrendered.as_deref(), Some("non-text content"));

@@ -37,7 +37,7 @@ impl Prompt {
 }
 
 /// One chat message as the tokenizer sees it: the role, and the text of its content (text
-/// parts of structured content concatenated).
+/// parts of structured content one per line, as vLLM joins them).
 #[derive(Debug, Clone, PartialEq, Default, Deserialize, Serialize)]
 pub struct ChatMessage {
     pub role: String,
