@@ -204,7 +204,8 @@ fn token_list(value: &Value, field: &str) -> Result<Vec<u32>, ApiError> {
         .collect()
 }
 
-/// `messages`: role and content, content a string or a list of parts whose `text` parts count.
+/// `messages`: role and content, content a string or a list of parts whose `text` parts count,
+/// one per line.
 fn chat_prompt(messages: Option<&Value>) -> Result<Prompt, ApiError> {
     let Some(Value::Array(items)) = messages else {
         return Err(ApiError::bad_request("messages must be a list"));
@@ -222,11 +223,13 @@ fn chat_prompt(messages: Option<&Value>) -> Result<Prompt, ApiError> {
         let content = match item.get("content") {
             None | Some(Value::Null) => String::new(),
             Some(Value::String(s)) => s.clone(),
+            // One line per text part, as vLLM joins them.
             Some(Value::Array(parts)) => parts
                 .iter()
                 .filter(|p| p.get("type").and_then(Value::as_str) == Some("text"))
                 .filter_map(|p| p.get("text").and_then(Value::as_str))
-                .collect(),
+                .collect::<Vec<_>>()
+                .join("\n"),
             Some(other) => {
                 return Err(ApiError::bad_request(format!(
                     "messages[{i}].content must be a string or a list of parts (got {other})"
@@ -450,16 +453,17 @@ mod tests {
     fn chat_content_may_be_text_parts() {
         let plain = parse_ok(
             Api::Chat,
-            r#"{"messages": [{"role": "user", "content": "hi there"}]}"#,
+            r#"{"messages": [{"role": "user", "content": "hi\nthere"}]}"#,
         );
+        // Text parts one per line, as vLLM joins them.
         let parts = parse_ok(
             Api::Chat,
             r#"{"messages": [{"role": "user", "content": [
-                {"type": "text", "text": "hi "}, {"type": "image_url", "image_url": {}},
+                {"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {}},
                 {"type": "text", "text": "there"}]}],
                 "max_completion_tokens": 3}"#,
         );
-        assert_eq!(plain.prompts, vec![pack_bytes(b"userhi there")]);
+        assert_eq!(plain.prompts, vec![pack_bytes(b"userhi\nthere")]);
         assert_eq!(parts.prompts, plain.prompts);
         assert_eq!(parts.output_tokens, 3);
     }
