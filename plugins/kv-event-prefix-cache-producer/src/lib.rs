@@ -231,6 +231,8 @@ impl KvEventProducer {
             }
         }
         let seed = index.request_seed(&request.model, &request.cache_salt);
+        // Usually every engine uses one block size: no endpoint's size needs looking up again.
+        let one_size = (scratch.sizes.len() == 1).then(|| scratch.sizes[0]);
         scratch.totals.clear();
         for &size in &scratch.sizes {
             scratch.hashes.clear();
@@ -244,7 +246,7 @@ impl KvEventProducer {
             scratch.candidates.resize(width.div_ceil(64), 0);
             for endpoint in endpoints {
                 let host = endpoint.host_index as usize;
-                if index.block_size(host) == size {
+                if one_size.is_some() || index.block_size(host) == size {
                     scratch.candidates[host / 64] |= 1 << (host % 64);
                 }
             }
@@ -262,8 +264,16 @@ impl KvEventProducer {
         }
         for (position, endpoint) in endpoints.iter().enumerate() {
             let host = endpoint.host_index as usize;
-            let size = index.block_size(host);
-            let round = scratch.sizes.iter().position(|&s| s == size).unwrap_or(0);
+            let (size, round) = match one_size {
+                Some(size) => (size, 0),
+                None => {
+                    let size = index.block_size(host);
+                    (
+                        size,
+                        scratch.sizes.iter().position(|&s| s == size).unwrap_or(0),
+                    )
+                }
+            };
             let precise = PrefixCacheMatchInfo {
                 match_blocks: scratch.matched[host],
                 total_blocks: scratch.totals.get(round).copied().unwrap_or(0),
