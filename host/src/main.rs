@@ -570,21 +570,23 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
 
     // Each policy as `args.routers` routers side by side, scheduler seeds one apart.
     let instances = args.routers;
-    let side_by_side = |build: &dyn Fn(u64) -> Result<Box<dyn SimRouter + Send>, String>| {
-        if instances == 1 {
-            return build(args.seed);
+    let side_by_side = |mut routers: Vec<Box<dyn SimRouter + Send>>| -> Box<dyn SimRouter + Send> {
+        match routers.len() {
+            1 => routers.remove(0),
+            _ => Box::new(sim::SideBySide::new(routers)),
         }
-        let routers = (0..instances as u64)
-            .map(|k| build(args.seed.wrapping_add(k)))
-            .collect::<Result<Vec<_>, String>>()?;
-        Ok::<Box<dyn SimRouter + Send>, String>(Box::new(sim::SideBySide::new(routers)))
     };
     let pipeline = |name: &str, config: &LoadedConfig| {
-        side_by_side(&|seed| {
-            simulate::pipeline_router(name, config, &options, &fleet, seed)
-                .map(|router| Box::new(router) as Box<dyn SimRouter + Send>)
-                .map_err(|e| e.to_string())
-        })
+        simulate::pipeline_routers(name, config, &options, &fleet, args.seed, instances)
+            .map(|routers| {
+                side_by_side(
+                    routers
+                        .into_iter()
+                        .map(|router| Box::new(router) as Box<dyn SimRouter + Send>)
+                        .collect(),
+                )
+            })
+            .map_err(|e| e.to_string())
     };
     let mut routers: Vec<Box<dyn SimRouter + Send>> = Vec::new();
     let main_name = simulate::pipeline_name(&config.path);
@@ -609,8 +611,16 @@ fn simulate_command(args: SimulateArgs) -> Result<(), String> {
         routers.push(pipeline(&simulate::pipeline_name(path), &extra)?);
     }
     if !args.no_baselines {
-        routers.push(side_by_side(&|_| Ok(Box::new(sim::RoundRobin::new())))?);
-        routers.push(side_by_side(&|_| Ok(Box::new(sim::LeastInFlight::new())))?);
+        routers.push(side_by_side(
+            (0..instances)
+                .map(|_| Box::new(sim::RoundRobin::new()) as Box<dyn SimRouter + Send>)
+                .collect(),
+        ));
+        routers.push(side_by_side(
+            (0..instances)
+                .map(|_| Box::new(sim::LeastInFlight::new()) as Box<dyn SimRouter + Send>)
+                .collect(),
+        ));
         let approx = simulate::approx_baseline(&config).map_err(|e| e.to_string())?;
         configs.push(sim::ConfigFile {
             pipeline: "approx-prefix-load".into(),

@@ -212,10 +212,30 @@ pub fn pipeline_router(
     fleet: &SimFleet,
     seed: u64,
 ) -> Result<PipelineRouter, ConfigError> {
+    let mut routers = pipeline_routers(name, config, options, fleet, seed, 1)?;
+    Ok(routers.remove(0))
+}
+
+/// Wires the pipeline of `config` as `count` simulated routers, each with plugin instances of
+/// its own and its scheduler seeded one after the previous one's; the libraries are loaded
+/// (and their digests checked) once for all of them.
+pub fn pipeline_routers(
+    name: &str,
+    config: &LoadedConfig,
+    options: &Options,
+    fleet: &SimFleet,
+    seed: u64,
+    count: usize,
+) -> Result<Vec<PipelineRouter>, ConfigError> {
     let registry = load_registry(config, options)?;
-    let pipeline = build(config, &registry, options)?;
-    let scheduler = Scheduler::new(Arc::new(pipeline), sim_fleet(fleet), seed);
-    Ok(PipelineRouter::new(name.to_string(), scheduler, fleet))
+    (0..count as u64)
+        .map(|k| {
+            let pipeline = build(config, &registry, options)?;
+            let scheduler =
+                Scheduler::new(Arc::new(pipeline), sim_fleet(fleet), seed.wrapping_add(k));
+            Ok(PipelineRouter::new(name.to_string(), scheduler, fleet))
+        })
+        .collect()
 }
 
 /// The approx-prefix + load baseline, resolving its libraries like the main config's.

@@ -21,6 +21,8 @@ struct Sent {
 
 pub struct SideBySide {
     routers: Vec<Box<dyn SimRouter + Send>>,
+    /// The routers that read KV-cache events.
+    event_takers: Vec<usize>,
     next: usize,
     /// Per request not yet completed: the router it was dealt to and its prompt tokens.
     owners: HashMap<u64, (usize, u64)>,
@@ -39,8 +41,12 @@ impl SideBySide {
     pub fn new(routers: Vec<Box<dyn SimRouter + Send>>) -> Self {
         assert!(!routers.is_empty(), "side by side needs a router");
         let count = routers.len();
+        let event_takers = (0..count)
+            .filter(|&k| routers[k].takes_kv_events())
+            .collect();
         SideBySide {
             routers,
+            event_takers,
             next: 0,
             owners: HashMap::new(),
             sent: vec![Vec::new(); count],
@@ -129,14 +135,11 @@ impl SimRouter for SideBySide {
     }
 
     fn takes_kv_events(&self) -> bool {
-        self.routers.iter().any(|router| router.takes_kv_events())
+        !self.event_takers.is_empty()
     }
 
     fn kv_events(&mut self, now_ms: f64, replica: usize, events: Vec<KvEvent>) {
-        let takers: Vec<usize> = (0..self.routers.len())
-            .filter(|&k| self.routers[k].takes_kv_events())
-            .collect();
-        let Some((&last, rest)) = takers.split_last() else {
+        let Some((&last, rest)) = self.event_takers.split_last() else {
             return;
         };
         for &k in rest {

@@ -465,11 +465,12 @@ impl KvIndex {
     pub fn add_in_flight(&mut self, host_index: usize, id: &str, keys: &[u64], partial: &[u64]) {
         self.endpoint_mut(host_index, id);
         for &key in keys {
+            let awaited = !self.engine_holds(host_index, key) && !partial.contains(&key);
             let endpoint = &mut self.endpoints[host_index];
             let count = endpoint.in_flight.entry(key).or_insert(0);
             *count += 1;
             if *count == 1 {
-                if !gpu_holds(endpoint, key) && !partial.contains(&key) {
+                if awaited {
                     endpoint.pending += 1;
                 }
                 self.set_bit(key, host_index, IN_FLIGHT, true);
@@ -480,16 +481,18 @@ impl KvIndex {
     /// Undoes one [`KvIndex::add_in_flight`] of `keys` and `partial` on `host_index` (a key
     /// the endpoint no longer counts, after a clear, is skipped).
     pub fn release_in_flight(&mut self, host_index: usize, keys: &[u64], partial: &[u64]) {
-        let Some(endpoint) = self.endpoints.get_mut(host_index) else {
+        if host_index >= self.endpoints.len() {
             return;
-        };
+        }
         let mut released = Vec::new();
         for key in keys {
+            let awaited = !self.engine_holds(host_index, *key) && !partial.contains(key);
+            let endpoint = &mut self.endpoints[host_index];
             if let Some(count) = endpoint.in_flight.get_mut(key) {
                 *count -= 1;
                 if *count == 0 {
                     endpoint.in_flight.remove(key);
-                    if !gpu_holds(endpoint, *key) && !partial.contains(key) {
+                    if awaited {
                         endpoint.settle_pending();
                     }
                     released.push(*key);
@@ -672,11 +675,6 @@ impl KvIndex {
     }
 }
 
-/// Whether `endpoint`'s engine holds `key` in its GPU tier.
-fn gpu_holds(endpoint: &EndpointIndex, key: u64) -> bool {
-    endpoint.ours.get(&key).is_some_and(|held| held[0] > 0)
-}
-
 /// Adds `blocks` to `matched` for every host index whose bit is set in `bits` (word `word`).
 fn credit(mut bits: u64, word: usize, blocks: u64, matched: &mut [u64]) {
     while bits != 0 {
@@ -730,10 +728,11 @@ mod tests {
     /// short last blocks left out.
     fn recount(index: &KvIndex, host: usize, partial: &[u64]) -> u64 {
         let endpoint = &index.endpoints[host];
+        let gpu_holds = |key: u64| endpoint.ours.get(&key).is_some_and(|held| held[0] > 0);
         endpoint
             .in_flight
             .keys()
-            .filter(|&&key| !gpu_holds(endpoint, key) && !partial.contains(&key))
+            .filter(|&&key| !gpu_holds(key) && !partial.contains(&key))
             .count() as u64
     }
 

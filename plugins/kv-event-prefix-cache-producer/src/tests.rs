@@ -19,6 +19,13 @@ fn tokens(start: u32, blocks: u32) -> Vec<u32> {
     (start..start + blocks * BLOCK).collect()
 }
 
+fn removed(hashes: &[u64], medium: Medium) -> KvEvent {
+    KvEvent::BlockRemoved(RemovedBlocks {
+        block_hashes: hashes.to_vec(),
+        medium,
+    })
+}
+
 fn stored(hashes: &[u64], parent: Option<u64>, tokens: Vec<u32>) -> KvEvent {
     KvEvent::BlockStored(StoredBlocks {
         block_hashes: hashes.to_vec(),
@@ -98,15 +105,7 @@ fn a_removal_by_engine_hash_cuts_the_chain_where_the_block_was() {
     let h = harness("null");
     send(&h, 0, 0, vec![stored(&[1, 2, 3], None, tokens(0, 3))]);
     assert_eq!(matched(&h, &prompt(3)), [3, 0, 0]);
-    send(
-        &h,
-        0,
-        0,
-        vec![KvEvent::BlockRemoved(RemovedBlocks {
-            block_hashes: vec![2, 77],
-            medium: Medium::Gpu,
-        })],
-    );
+    send(&h, 0, 0, vec![removed(&[2, 77], Medium::Gpu)]);
     assert_eq!(matched(&h, &prompt(3)), [1, 0, 0]);
     let state = h.state().unwrap().unwrap();
     assert_eq!(state["endpoints"][0]["blocks"]["gpu"], 2);
@@ -127,10 +126,7 @@ fn gpu_and_cpu_tiers_are_counted_apart() {
             medium: Medium::Cpu,
             ..StoredBlocks::default()
         });
-        let evict = KvEvent::BlockRemoved(RemovedBlocks {
-            block_hashes: vec![2],
-            medium: Medium::Gpu,
-        });
+        let evict = removed(&[2], Medium::Gpu);
         send(h, 0, 0, vec![offload, evict]);
         let state = h.state().unwrap().unwrap();
         assert_eq!(state["endpoints"][0]["blocks"]["gpu"], 1);
@@ -179,15 +175,7 @@ fn all_blocks_cleared_empties_the_endpoint_and_nothing_else() {
     send(&h, 0, 0, vec![KvEvent::AllBlocksCleared]);
     assert_eq!(matched(&h, &prompt(2)), [0, 2, 0]);
     // The old engine hashes are gone too: a removal of one is unknown.
-    send(
-        &h,
-        0,
-        0,
-        vec![KvEvent::BlockRemoved(RemovedBlocks {
-            block_hashes: vec![1],
-            medium: Medium::Gpu,
-        })],
-    );
+    send(&h, 0, 0, vec![removed(&[1], Medium::Gpu)]);
     let state = h.state().unwrap().unwrap();
     assert_eq!(state["endpoints"][0]["unknownRemovals"], 1);
     assert_eq!(state["distinctBlocks"], 2);
@@ -388,10 +376,7 @@ fn varied_index(h: &Harness) {
             stored(&[21, 22], None, tokens(0, 2)),
             stored(&[21], None, tokens(0, 1)),
             offload,
-            KvEvent::BlockRemoved(RemovedBlocks {
-                block_hashes: vec![22, 404],
-                medium: Medium::Gpu,
-            }),
+            removed(&[22, 404], Medium::Gpu),
         ],
     );
     let gap = || {
@@ -494,27 +479,21 @@ fn removals_and_continuations_by_engine_hash_resolve_after_a_takeover() {
         .import_state(&h.export_state().unwrap().unwrap())
         .expect("takes it over");
     // Block 21 was stored twice on GPU: it is held until removed twice.
-    let remove = |hashes: &[u64], medium| {
-        KvEvent::BlockRemoved(RemovedBlocks {
-            block_hashes: hashes.to_vec(),
-            medium,
-        })
-    };
     let state_of = |h: &Harness, i: usize| h.state().unwrap().unwrap()["endpoints"][i].clone();
     assert_eq!(state_of(&successor, 2)["blocks"]["gpu"], 1);
     assert_eq!(state_of(&successor, 2)["blocks"]["cpu"], 2);
-    send(&successor, 2, 0, vec![remove(&[21], Medium::Gpu)]);
+    send(&successor, 2, 0, vec![removed(&[21], Medium::Gpu)]);
     assert_eq!(state_of(&successor, 2)["blocks"]["gpu"], 1);
-    send(&successor, 2, 0, vec![remove(&[21], Medium::Gpu)]);
+    send(&successor, 2, 0, vec![removed(&[21], Medium::Gpu)]);
     assert_eq!(state_of(&successor, 2)["blocks"]["gpu"], 0);
     // The CPU copies still count with includeCpuTier.
     assert_eq!(matched(&successor, &prompt(2)), [2, 0, 2]);
-    send(&successor, 2, 0, vec![remove(&[21, 22], Medium::Cpu)]);
+    send(&successor, 2, 0, vec![removed(&[21, 22], Medium::Cpu)]);
     assert_eq!(state_of(&successor, 2)["engineKeys"], 0);
     assert_eq!(state_of(&successor, 2)["unknownRemovals"], 1, "none new");
 
     // A removal in the middle of endpoint 0's chain cuts it there...
-    send(&successor, 0, 0, vec![remove(&[2], Medium::Gpu)]);
+    send(&successor, 0, 0, vec![removed(&[2], Medium::Gpu)]);
     assert_eq!(matched(&successor, &prompt(3))[0], 1);
     // ...and a store naming a carried block as its parent fills the gap again, under a new
     // engine hash.
@@ -527,7 +506,7 @@ fn removals_and_continuations_by_engine_hash_resolve_after_a_takeover() {
     );
     assert_eq!(ep0["unknownRemovals"], 0, "{ep0}");
     // The adapter's blocks on endpoint 1 are removed by their engine hashes too.
-    send(&successor, 1, 0, vec![remove(&[13, 14], Medium::Gpu)]);
+    send(&successor, 1, 0, vec![removed(&[13, 14], Medium::Gpu)]);
     let lora = TestRequest::new("sql-adapter").tokens(&tokens(0, 2));
     assert_eq!(matched(&successor, &lora), [0, 0, 0]);
     assert_eq!(state_of(&successor, 1)["blocks"]["gpu"], 2);
@@ -772,15 +751,7 @@ fn blocks_not_stored_yet_are_pending_and_a_prompts_short_last_block_never_is() {
     send(&h, 0, 1, vec![stored(&[2], Some(1), tokens(BLOCK, 1))]);
     assert_eq!(pending_blocks(&h, 0), 0);
     // Evicted while the request still runs: the engine would store it again.
-    send(
-        &h,
-        0,
-        2,
-        vec![KvEvent::BlockRemoved(RemovedBlocks {
-            block_hashes: vec![2],
-            ..RemovedBlocks::default()
-        })],
-    );
+    send(&h, 0, 2, vec![removed(&[2], Medium::Gpu)]);
     assert_eq!(pending_blocks(&h, 0), 1);
     complete(&h, &short, 0);
     assert_eq!((in_flight_keys(&h, 0), pending_blocks(&h, 0)), (0, 0));
@@ -808,15 +779,7 @@ fn behind_a_queue_a_held_prompt_counts_in_flight_and_survives_its_eviction() {
     assert_eq!(in_flight_keys(&h, 0), 4);
     // Storing the queued request's blocks evicts the held prompt; the request behind will
     // prefill and store it again, so the next one for that prompt still goes there.
-    send(
-        &h,
-        0,
-        1,
-        vec![KvEvent::BlockRemoved(RemovedBlocks {
-            block_hashes: vec![1, 2],
-            ..RemovedBlocks::default()
-        })],
-    );
+    send(&h, 0, 1, vec![removed(&[1, 2], Medium::Gpu)]);
     assert_eq!(matched(&h, &prompt(2)), [2, 0, 0]);
     assert_eq!(pending_blocks(&h, 0), 4);
     complete(&h, &behind, 0);
