@@ -19,6 +19,14 @@ pub const LATENCY_PREDICTION: &str = "LatencyPrediction";
 /// absent for token ids the client sent and for text the model's tokenizer encoded.
 pub const TOKENIZED_PROMPT: &str = "TokenizedPrompt";
 
+/// The content hashes of a request's prompt blocks, published by a producer that hashed them
+/// so a producer keyed on blocks of the same size chains them instead of hashing the prompt
+/// again. One value per request, an [`AttrValue::Custom`](crate::AttrValue::Custom) on the
+/// first candidate only; its encoding is documented with the prefix-hashing crate's
+/// `published` module (a tag, the block size, each prompt's block count, then XXH64 of each
+/// block's tokens). Has no default producer.
+pub const BLOCK_CONTENT_HASHES: &str = "BlockContentHashes";
+
 pub const APPROX_PREFIX_CACHE_PRODUCER: &str = "approx-prefix-cache-producer";
 pub const INFLIGHT_LOAD_PRODUCER: &str = "inflight-load-producer";
 pub const PREDICTED_LATENCY_PRODUCER: &str = "predicted-latency-producer";

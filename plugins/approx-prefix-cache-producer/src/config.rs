@@ -56,6 +56,9 @@ pub struct ApproxPrefixCacheConfig {
     pub max_prefix_tokens_to_match: i64,
     /// Blocks remembered per endpoint when its cache size is not derived from its metrics.
     pub lru_capacity_per_server: i64,
+    /// Tokens per piece of a block when a block's key chains its pieces' content hashes, which
+    /// are then published for a producer keyed on pieces of that size; 0 hashes whole blocks.
+    pub hash_block_size_tokens: i64,
 }
 
 impl Default for ApproxPrefixCacheConfig {
@@ -67,6 +70,7 @@ impl Default for ApproxPrefixCacheConfig {
             max_prefix_blocks_to_match: 2048,
             max_prefix_tokens_to_match: 131_072,
             lru_capacity_per_server: DEFAULT_LRU_CAPACITY_PER_SERVER,
+            hash_block_size_tokens: 0,
         }
     }
 }
@@ -107,6 +111,12 @@ impl ApproxPrefixCacheConfig {
             self.lru_capacity_per_server,
             1,
             None,
+        )?;
+        in_range(
+            "hashBlockSizeTokens",
+            self.hash_block_size_tokens,
+            0,
+            Some(i64::from(MIN_BLOCK_SIZE_TOKENS)),
         )?;
         Ok(())
     }
@@ -157,6 +167,19 @@ impl ApproxPrefixCacheConfig {
             }
         }
         to_usize(self.lru_capacity_per_server).max(1)
+    }
+
+    /// How a `block_size`-token block is hashed: `Some(pieces)` when its key chains the content
+    /// hashes of `pieces` pieces of `hashBlockSizeTokens` tokens (set, and dividing the block),
+    /// `None` when the block is hashed whole.
+    pub fn pieces_per_block(&self, block_size: u32) -> Option<usize> {
+        let piece = u32::try_from(self.hash_block_size_tokens).ok()?;
+        (piece > 0 && block_size.is_multiple_of(piece)).then(|| (block_size / piece) as usize)
+    }
+
+    /// `hashBlockSizeTokens` as a token count (0 when blocks are hashed whole).
+    pub fn piece_tokens(&self) -> u32 {
+        u32::try_from(self.hash_block_size_tokens).unwrap_or(0)
     }
 
     /// `blockSizeTokens`, or the deprecated `blockSize` when that is set and the former is not.

@@ -13,20 +13,27 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use serde::Deserialize;
 use serde_json::json;
-use switchyard_plugin_api::keys::{PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER};
+use switchyard_plugin_api::keys::{
+    BLOCK_CONTENT_HASHES, PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER,
+};
 use switchyard_plugin_api::kv::{KvEvent, KvEventBatch};
 use switchyard_plugin_api::sdk::{Declare, Instance, Param, PluginFactory, ProduceBatch, Producer};
 use switchyard_plugin_api::{
     AttrValue, EndpointView, PluginError, PluginKind, PrefixCacheMatchInfo, ProduceItem,
     RequestView, Stability,
 };
-use switchyard_prefix_hashing::{hash_prompt_into, prompt_seed};
+use switchyard_prefix_hashing::published::encode_content_hashes;
+use switchyard_prefix_hashing::{
+    chain_pieces_into, content_hashes_into, hash_prompt_into, prompt_seed,
+};
 
 use config::ApproxPrefixCacheConfig;
 use index::{PrefixIndex, PromptHashes};
 
-/// Position of `PrefixCacheMatchInfo` in the declared produced keys.
+/// Positions of the declared produced keys.
 const PRODUCES_MATCH_INFO: usize = 0;
+/// Declared only with `hashBlockSizeTokens` set.
+const PRODUCES_CONTENT_HASHES: usize = 1;
 
 pub static FACTORY: PluginFactory = PluginFactory {
     type_name: "approx-prefix-cache-producer",
@@ -82,6 +89,16 @@ pub static FACTORY: PluginFactory = PluginFactory {
             description: "Blocks remembered per endpoint when the capacity is not derived from \
                           its metrics.",
         },
+        Param {
+            name: "hashBlockSizeTokens",
+            value_type: "integer",
+            default: "0",
+            range: "0..=64",
+            description: "Hash each block as pieces of this many tokens (when it divides the \
+                          block size) and publish the pieces' hashes as BlockContentHashes, so \
+                          a producer keyed on such pieces does not hash the prompt again; 0 \
+                          hashes whole blocks.",
+        },
     ],
     create,
 };
@@ -101,6 +118,8 @@ fn create(instance_name: &str, parameters: &str) -> Result<Instance, PluginError
 #[derive(Default)]
 struct Scratch {
     hashes: PromptHashes,
+    /// The pieces' content hashes when blocks are hashed in pieces.
+    contents: Contents,
     /// Matched blocks per endpoint, indexed by host index.
     matched: Vec<u64>,
 }
@@ -203,12 +222,14 @@ impl ApproxProducer {
         request: &RequestView<'_>,
         server_block_size: u32,
         out: &mut PromptHashes,
+        contents: &mut Contents,
     ) -> u32 {
         let block_size = self.config.effective_block_size(Some(server_block_size));
         let max_blocks = self.config.max_blocks(block_size);
         // Invalid while hashing, so a panic below leaves no entry for another request.
         lock(&self.last).valid = false;
-        hash_into(request, block_size, max_blocks, out);
+        let pieces = self.config.pieces_per_block(block_size);
+        hash_into(request, block_size, max_blocks, pieces, out, contents);
         lock(&self.last).store(request, block_size, max_blocks, out);
         block_size
     }
@@ -232,7 +253,9 @@ impl ApproxProducer {
                 return block_size;
             }
         }
-        hash_into(request, block_size, max_blocks, out);
+        let mut contents = Contents::default();
+        let pieces = self.config.pieces_per_block(block_size);
+        hash_into(request, block_size, max_blocks, pieces, out, &mut contents);
         block_size
     }
 
@@ -252,7 +275,27 @@ impl ApproxProducer {
     ) {
         let endpoints = item.endpoints.as_slice();
         let server_block_size = endpoints.first().map_or(0, |e| e.metrics.cache_block_size);
-        let block_size = self.hash_request(&item.request, server_block_size, &mut scratch.hashes);
+        let block_size = self.hash_request(
+            &item.request,
+            server_block_size,
+            &mut scratch.hashes,
+            &mut scratch.contents,
+        );
+        if scratch.contents.published {
+            let mut bytes = Vec::new();
+            encode_content_hashes(
+                self.config.piece_tokens(),
+                &scratch.contents.hashes,
+                &scratch.contents.ends,
+                &mut bytes,
+            );
+            out.put(
+                item,
+                PRODUCES_CONTENT_HASHES,
+                0,
+                AttrValue::Custom(bytes.into()),
+            );
+        }
         let width = endpoints
             .iter()
             .map(|e| e.host_index as usize + 1)
@@ -285,9 +328,11 @@ impl ApproxProducer {
 
 impl Producer for ApproxProducer {
     fn declare(&self) -> Declare {
-        let mut declared = Declare::default()
-            .produces(PREFIX_CACHE_MATCH_INFO, &self.name)
-            .requires(TOKENIZED_PROMPT, TOKEN_PRODUCER);
+        let mut declared = Declare::default().produces(PREFIX_CACHE_MATCH_INFO, &self.name);
+        if self.config.piece_tokens() > 0 {
+            declared = declared.produces(BLOCK_CONTENT_HASHES, &self.name);
+        }
+        declared = declared.requires(TOKENIZED_PROMPT, TOKEN_PRODUCER);
         // For the resets: an engine that emptied its cache, or an operator's reset.
         declared.kv_events = true;
         declared
@@ -361,6 +406,7 @@ impl Producer for ApproxProducer {
         Some(json!({
             "autoTune": self.config.auto_tune,
             "blockSizeTokens": self.config.configured_block_size(),
+            "hashBlockSizeTokens": self.config.piece_tokens(),
             "endpoints": endpoints,
         }))
     }
@@ -370,12 +416,22 @@ impl Producer for ApproxProducer {
     fn import_state(&self, state: serde_json::Value) -> Result<(), PluginError> {
         let snapshot: Snapshot = serde_json::from_value(state)
             .map_err(|e| PluginError::failed(format!("not an exported index: {e}")))?;
-        let ours = (self.config.auto_tune, self.config.configured_block_size());
-        if (snapshot.auto_tune, snapshot.block_size_tokens) != ours {
+        let ours = (
+            self.config.auto_tune,
+            self.config.configured_block_size(),
+            self.config.piece_tokens(),
+        );
+        let theirs = (
+            snapshot.auto_tune,
+            snapshot.block_size_tokens,
+            snapshot.hash_block_size_tokens,
+        );
+        if theirs != ours {
             return Err(PluginError::failed(format!(
-                "the index was hashed with autoTune = {}, blockSizeTokens = {}; this instance \
-                 hashes with autoTune = {}, blockSizeTokens = {}",
-                snapshot.auto_tune, snapshot.block_size_tokens, ours.0, ours.1
+                "the index was hashed with autoTune = {}, blockSizeTokens = {}, \
+                 hashBlockSizeTokens = {}; this instance hashes with autoTune = {}, \
+                 blockSizeTokens = {}, hashBlockSizeTokens = {}",
+                theirs.0, theirs.1, theirs.2, ours.0, ours.1, ours.2
             )));
         }
         let mut restored = PrefixIndex::new();
@@ -418,6 +474,9 @@ impl Producer for ApproxProducer {
 struct Snapshot {
     auto_tune: bool,
     block_size_tokens: u32,
+    /// Absent in the snapshots of versions that always hashed whole blocks.
+    #[serde(default)]
+    hash_block_size_tokens: u32,
     endpoints: Vec<SnapshotEndpoint>,
 }
 
@@ -441,25 +500,57 @@ fn parse_blocks(hex: &str) -> Option<Vec<u64>> {
         .collect()
 }
 
-/// Hashes the prompts of `request` into `out` (cleared first).
+/// The content hashes of a request's pieces, every prompt's after the last one's.
+#[derive(Default)]
+struct Contents {
+    hashes: Vec<u64>,
+    /// Where each prompt's pieces end in `hashes`, empty prompts included.
+    ends: Vec<usize>,
+    /// Whether the last hashing was in pieces (else the lists are empty).
+    published: bool,
+}
+
+/// Hashes the prompts of `request` into `out` (cleared first) in `block_size`-token blocks:
+/// each block whole, or with `pieces` per block, as the chain of its pieces' content hashes,
+/// which are left in `contents`.
 fn hash_into(
     request: &RequestView<'_>,
     block_size: u32,
     max_blocks: usize,
+    pieces: Option<usize>,
     out: &mut PromptHashes,
+    contents: &mut Contents,
 ) {
     let seed = prompt_seed(&request.model, &request.cache_salt);
     out.clear();
+    contents.hashes.clear();
+    contents.ends.clear();
+    contents.published = pieces.is_some();
     for prompt in request.prompts.iter() {
-        out.push_prompt_with(|hashes| {
-            hash_prompt_into(
-                seed,
-                &prompt.tokens,
-                block_size as usize,
-                max_blocks,
-                hashes,
-            );
-        });
+        match pieces {
+            None => out.push_prompt_with(|hashes| {
+                hash_prompt_into(
+                    seed,
+                    &prompt.tokens,
+                    block_size as usize,
+                    max_blocks,
+                    hashes,
+                );
+            }),
+            Some(pieces) => {
+                let start = contents.hashes.len();
+                content_hashes_into(
+                    &prompt.tokens,
+                    block_size as usize / pieces,
+                    max_blocks.saturating_mul(pieces),
+                    &mut contents.hashes,
+                );
+                contents.ends.push(contents.hashes.len());
+                out.push_prompt_with(|hashes| {
+                    chain_pieces_into(seed, &contents.hashes[start..], pieces, hashes);
+                });
+            }
+        }
     }
 }
 

@@ -1,7 +1,9 @@
 //! The producer through the plugin boundary: factory → instance → `produce` / `dispatched` /
 //! `state`, called with the plugin API's testing harness.
 
-use switchyard_plugin_api::keys::{PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER};
+use switchyard_plugin_api::keys::{
+    BLOCK_CONTENT_HASHES, PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER,
+};
 use switchyard_plugin_api::testing::{Attributes, Harness, TestEndpoint, TestRequest};
 use switchyard_plugin_api::{ConsumedKey, DataKey, ErrorKind, PluginError};
 
@@ -259,11 +261,17 @@ fn out_of_range_parameter_is_refused_with_its_name_and_range() {
         error.message.as_str(),
         "lruCapacityPerServer must be >= 1 (got 0)"
     );
+    let error = refused(r#"{"hashBlockSizeTokens": 65}"#);
+    assert_eq!(error.field.as_str(), "hashBlockSizeTokens");
+    assert_eq!(
+        error.message.as_str(),
+        "hashBlockSizeTokens must be in 0..=64 (got 65)"
+    );
 }
 
 #[test]
 fn documented_parameters_are_the_config_fields_with_their_defaults() {
-    assert_eq!(FACTORY.parameters.len(), 6);
+    assert_eq!(FACTORY.parameters.len(), 7);
     for param in FACTORY.parameters {
         let json = format!("{{\"{}\": {}}}", param.name, param.default);
         assert_eq!(
@@ -284,7 +292,15 @@ fn hash_afresh(
     let block_size = config.effective_block_size(Some(server));
     let max_blocks = config.max_blocks(block_size);
     let mut out = PromptHashes::new();
-    hash_into(request, block_size, max_blocks, &mut out);
+    let pieces = config.pieces_per_block(block_size);
+    hash_into(
+        request,
+        block_size,
+        max_blocks,
+        pieces,
+        &mut out,
+        &mut Contents::default(),
+    );
     out
 }
 
@@ -296,6 +312,7 @@ fn a_remembered_hashing_is_reused_only_for_the_same_request_and_parameters() {
         r#"{"autoTune": false}"#,
         r#"{"maxPrefixTokensToMatch": 128}"#,
         r#"{"maxPrefixBlocksToMatch": 1}"#,
+        r#"{"hashBlockSizeTokens": 16, "maxPrefixTokensToMatch": 200}"#,
     ] {
         let config = ApproxPrefixCacheConfig::parse(parameters).expect("valid parameters");
         let producer = ApproxProducer {
@@ -339,7 +356,8 @@ fn a_remembered_hashing_is_reused_only_for_the_same_request_and_parameters() {
             requests[0].with_view(|first| {
                 requests[1].with_view(|second| {
                     let server = [0, 64, 128][next(3) as usize];
-                    let block_size = producer.hash_request(first, server, &mut out);
+                    let block_size =
+                        producer.hash_request(first, server, &mut out, &mut Contents::default());
                     assert_eq!(block_size, config.effective_block_size(Some(server)));
                     assert_eq!(out, hash_afresh(&config, first, server), "{parameters}");
                     // Dispatched: usually the request just produced, sometimes twice or
@@ -399,4 +417,106 @@ fn an_endpoint_known_to_hold_nothing_is_forgotten_and_a_lost_event_changes_nothi
         .kv_events(&batch(1, KvEvent::AllBlocksCleared))
         .unwrap();
     assert_eq!(held(&producer), [0, 0]);
+}
+
+#[test]
+fn blocks_hashed_in_pieces_are_matched_as_whole_blocks_and_their_pieces_published() {
+    let whole = instance("null");
+    let pieces = instance(r#"{"hashBlockSizeTokens": 16}"#);
+    assert_eq!(whole.declarations().produces.len(), 1);
+    assert_eq!(
+        pieces.declarations().produces[1],
+        DataKey::new(BLOCK_CONTENT_HASHES, "approx")
+    );
+    let a = endpoint(4, "ns/a", 16, 0);
+    let b = endpoint(1, "ns/b", 16, 0);
+    let first = three_blocks();
+    let mut second = three_blocks();
+    second[150] = 999_999;
+    let third: Vec<u32> = (0..200).collect();
+    for producer in [&whole, &pieces] {
+        dispatch(producer, &[&first], &a);
+        dispatch(producer, &[&second[..100]], &b);
+    }
+    // The same matches either way: pieces change the keys, not what they mean.
+    for prompt in [&first, &second, &third] {
+        assert_eq!(
+            produce(&pieces, &[prompt], &[&a, &b]),
+            produce(&whole, &[prompt], &[&a, &b])
+        );
+    }
+    assert_eq!(
+        produce(&pieces, &[&second], &[&a, &b]),
+        [pmi(2, 3, 64), pmi(1, 3, 64)]
+    );
+
+    // The pieces' content hashes, on the first candidate only.
+    let empty: &[u32] = &[];
+    let request = request(&[&third, empty, &first]);
+    let produced = pieces
+        .produce(&request, &[a.clone(), b.clone()], &Attributes::new())
+        .expect("produce");
+    let values = produced.get(BLOCK_CONTENT_HASHES).expect("declared");
+    assert!(values[1].is_absent());
+    let AttrValue::Custom(bytes) = &values[0] else {
+        panic!("{:?}", values[0]);
+    };
+    let published =
+        switchyard_prefix_hashing::published::ContentHashes::parse(bytes).expect("a value");
+    assert_eq!(published.block_tokens(), 16);
+    assert_eq!(published.prompts(), 3);
+    assert_eq!([0, 1, 2].map(|p| published.blocks(p)), [13, 0, 12]);
+    let mut chained = Vec::new();
+    let mut expected = Vec::new();
+    let seed = prompt_seed("", "");
+    assert!(published.chain_into(seed, |p| published.blocks(p), &mut chained, |_| {}));
+    for prompt in [&third, &first] {
+        hash_prompt_into(seed, prompt, 16, usize::MAX, &mut expected);
+    }
+    assert_eq!(chained, expected);
+    let produced = whole
+        .produce(&request, std::slice::from_ref(&a), &Attributes::new())
+        .expect("produce");
+    assert!(produced.get(BLOCK_CONTENT_HASHES).is_none());
+}
+
+#[test]
+fn blocks_that_pieces_do_not_divide_are_hashed_whole() {
+    let config = ApproxPrefixCacheConfig::parse(r#"{"hashBlockSizeTokens": 48}"#).expect("valid");
+    assert_eq!(config.pieces_per_block(64), None);
+    assert_eq!(config.pieces_per_block(96), Some(2));
+    let producer = instance(r#"{"hashBlockSizeTokens": 48}"#);
+    let a = endpoint(0, "ns/a", 16, 0);
+    dispatch(&producer, &[&three_blocks()], &a);
+    assert_eq!(
+        produce(&producer, &[&three_blocks()], &[&a]),
+        [pmi(3, 3, 64)]
+    );
+    let produced = producer
+        .produce(&request(&[&three_blocks()]), &[a], &Attributes::new())
+        .expect("produce");
+    assert!(produced.get(BLOCK_CONTENT_HASHES).expect("declared")[0].is_absent());
+}
+
+#[test]
+fn an_index_hashed_in_pieces_is_taken_over_only_by_the_same_hashing() {
+    let producer = instance(r#"{"hashBlockSizeTokens": 16}"#);
+    let a = endpoint(0, "ns/a", 16, 0);
+    dispatch(&producer, &[&three_blocks()], &a);
+    let exported = producer.export_state().expect("exports").expect("an index");
+    let same = instance(r#"{"hashBlockSizeTokens": 16, "lruCapacityPerServer": 9}"#);
+    same.import_state(&exported).expect("takes it over");
+    assert_eq!(produce(&same, &[&three_blocks()], &[&a]), [pmi(3, 3, 64)]);
+    let refused = instance("null").import_state(&exported).unwrap_err();
+    assert!(
+        refused.message.contains("hashBlockSizeTokens = 16"),
+        "{refused}"
+    );
+    // A snapshot from before pieces existed hashed whole blocks.
+    let mut old = producer.export_state().unwrap().unwrap();
+    old.as_object_mut().unwrap().remove("hashBlockSizeTokens");
+    assert!(instance("null").import_state(&old).is_ok());
+    assert!(instance(r#"{"hashBlockSizeTokens": 16}"#)
+        .import_state(&old)
+        .is_err());
 }

@@ -13,13 +13,16 @@ use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 
 use serde_json::json;
-use switchyard_plugin_api::keys::{PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER};
+use switchyard_plugin_api::keys::{
+    BLOCK_CONTENT_HASHES, PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER,
+};
 use switchyard_plugin_api::kv::{KvEvent, KvEventBatch};
 use switchyard_plugin_api::sdk::{Declare, Instance, Param, PluginFactory, ProduceBatch, Producer};
 use switchyard_plugin_api::{
     AttrValue, EndpointView, Outcome, PluginError, PluginKind, PrefixCacheMatchInfo, ProduceItem,
     RequestView, Stability,
 };
+use switchyard_prefix_hashing::published::ContentHashes;
 use switchyard_prefix_hashing::{block_count, hash_prompt_into};
 
 use config::KvEventPrefixCacheConfig;
@@ -31,6 +34,8 @@ const PRODUCES_SOURCE: usize = 1;
 /// Positions of the consumed keys.
 const CONSUMES_TOKENS: usize = 0;
 const CONSUMES_FALLBACK: usize = 1;
+/// The fallback's published content hashes, chained here instead of hashing the prompt again.
+const CONSUMES_CONTENT_HASHES: usize = 2;
 
 /// The data type under which the producer says, for an explained request, where a value it
 /// wrote came from when it was not the exact index (UTF-8 text in a custom value).
@@ -233,14 +238,33 @@ impl KvEventProducer {
         let seed = index.request_seed(&request.model, &request.cache_salt);
         // Usually every engine uses one block size: no endpoint's size needs looking up again.
         let one_size = (scratch.sizes.len() == 1).then(|| scratch.sizes[0]);
+        let published = endpoints
+            .first()
+            .and_then(|e| item.attrs.get(CONSUMES_CONTENT_HASHES, e))
+            .and_then(|v| match v {
+                AttrValue::Custom(bytes) => ContentHashes::parse(bytes),
+                _ => None,
+            })
+            .filter(|hashes| hashes.prompts() == request.prompts.len());
         scratch.totals.clear();
         for &size in &scratch.sizes {
             scratch.hashes.clear();
             scratch.ends.clear();
             let ends = &mut scratch.ends;
-            self.hash_prompts(seed, request, size, &mut scratch.hashes, |end| {
-                ends.push(end)
-            });
+            let needed = |prompt: usize| {
+                let tokens = request.prompts[prompt].tokens.len();
+                block_count(tokens, size as usize, self.config.max_blocks())
+            };
+            let chained = published
+                .filter(|hashes| hashes.block_tokens() == size)
+                .is_some_and(|hashes| {
+                    hashes.chain_into(seed, needed, &mut scratch.hashes, |end| ends.push(end))
+                });
+            if !chained {
+                self.hash_prompts(seed, request, size, &mut scratch.hashes, |end| {
+                    ends.push(end)
+                });
+            }
             scratch.totals.push(scratch.hashes.len() as u64);
             scratch.candidates.clear();
             scratch.candidates.resize(width.div_ceil(64), 0);
@@ -455,8 +479,9 @@ impl Producer for KvEventProducer {
             .produces(PREFIX_CACHE_SOURCE, &self.name)
             .requires(TOKENIZED_PROMPT, TOKEN_PRODUCER);
         if !self.config.fallback_producer_name.is_empty() {
-            declared =
-                declared.optionally(PREFIX_CACHE_MATCH_INFO, &self.config.fallback_producer_name);
+            declared = declared
+                .optionally(PREFIX_CACHE_MATCH_INFO, &self.config.fallback_producer_name)
+                .optionally(BLOCK_CONTENT_HASHES, &self.config.fallback_producer_name);
         }
         declared.kv_events = true;
         declared

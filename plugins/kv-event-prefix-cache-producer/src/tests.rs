@@ -1,5 +1,7 @@
 use serde_json::Value;
-use switchyard_plugin_api::keys::{APPROX_PREFIX_CACHE_PRODUCER, PREFIX_CACHE_MATCH_INFO};
+use switchyard_plugin_api::keys::{
+    APPROX_PREFIX_CACHE_PRODUCER, BLOCK_CONTENT_HASHES, PREFIX_CACHE_MATCH_INFO,
+};
 use switchyard_plugin_api::kv::{
     KvEvent, KvEventBatch, Medium, RemovedBlocks, Reset, ResetReason, StoredBlocks,
 };
@@ -786,4 +788,59 @@ fn behind_a_queue_a_held_prompt_counts_in_flight_and_survives_its_eviction() {
     assert_eq!(matched(&h, &prompt(2)), [0, 0, 0]);
     complete(&h, &ahead, 0);
     assert_eq!((in_flight_keys(&h, 0), pending_blocks(&h, 0)), (0, 0));
+}
+
+/// The fallback's published content hashes of `prompts`' pieces of `piece` tokens, as the
+/// other producers' values of one request on three candidates.
+fn published(prompts: &[&[u32]], piece: usize, max_pieces: usize) -> Attributes {
+    use switchyard_prefix_hashing::{content_hashes_into, published::encode_content_hashes};
+    let (mut contents, mut ends) = (Vec::new(), Vec::new());
+    for prompt in prompts {
+        content_hashes_into(prompt, piece, max_pieces, &mut contents);
+        ends.push(contents.len());
+    }
+    let mut bytes = Vec::new();
+    encode_content_hashes(piece as u32, &contents, &ends, &mut bytes);
+    Attributes::new().set_on(
+        DataKey::new(BLOCK_CONTENT_HASHES, APPROX_PREFIX_CACHE_PRODUCER),
+        0,
+        AttrValue::Custom(bytes.into()),
+    )
+}
+
+#[test]
+fn the_fallbacks_published_content_hashes_are_chained_instead_of_the_prompt() {
+    let h = harness("null");
+    assert!(h.declarations().consumes.iter().any(|c| c.key
+        == DataKey::new(BLOCK_CONTENT_HASHES, APPROX_PREFIX_CACHE_PRODUCER)
+        && !c.required));
+    send(&h, 1, 0, vec![stored(&[1, 2, 3], None, tokens(0, 3))]);
+    let held = tokens(0, 3);
+    let other = TestRequest::new("base-model").tokens(&tokens(100, 3));
+    assert_eq!(matched(&h, &other), [0, 0, 0]);
+    // Published hashes are what is matched: here those of the held prompt, not of the request's
+    // own tokens (a publisher never lies like this; it shows the prompt was not read again).
+    assert_eq!(
+        matched_with(&h, &other, &published(&[&held], 4, 99)),
+        [0, 3, 0]
+    );
+    assert_eq!(
+        matched_with(&h, &prompt(3), &published(&[&held], 4, 99)),
+        [0, 3, 0]
+    );
+    // Hashes the producer cannot use are passed over, and the prompt hashed as always: pieces
+    // of another size, too few of them, another number of prompts, bytes that are not a value.
+    for unusable in [
+        published(&[&held], 8, 99),
+        published(&[&held], 4, 2),
+        published(&[&held, &held], 4, 99),
+        Attributes::new().set_on(
+            DataKey::new(BLOCK_CONTENT_HASHES, APPROX_PREFIX_CACHE_PRODUCER),
+            0,
+            AttrValue::Custom(b"not hashes".to_vec().into()),
+        ),
+    ] {
+        assert_eq!(matched_with(&h, &other, &unusable), [0, 0, 0]);
+        assert_eq!(matched_with(&h, &prompt(3), &unusable), [0, 3, 0]);
+    }
 }

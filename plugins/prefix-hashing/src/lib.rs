@@ -10,6 +10,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use xxhash_rust::xxh64::{xxh64, Xxh64};
 
+pub mod published;
+
 /// Tokens converted per step by the portable path.
 #[cfg(any(test, not(target_endian = "little")))]
 const BUF_TOKENS: usize = 256;
@@ -94,6 +96,54 @@ pub fn hash_prompt_local_into(
     let mut prev = seed;
     for block in tokens.chunks(block_size) {
         prev = chain(local_content_hash(block), prev);
+        out.push(prev);
+    }
+    count
+}
+
+/// Appends the content hash of each `piece`-token piece of `tokens` to `out` (the trailing
+/// partial piece counts), at most `max_pieces`, and returns how many were appended. These are
+/// the hashes [`hash_prompt_into`] chains: [`chain_pieces_into`] turns them into its block
+/// hashes without reading the tokens again.
+pub fn content_hashes_into(
+    tokens: &[u32],
+    piece: usize,
+    max_pieces: usize,
+    out: &mut Vec<u64>,
+) -> usize {
+    let count = block_count(tokens.len(), piece, max_pieces);
+    if count == 0 {
+        return 0;
+    }
+    out.extend(tokens.chunks(piece).take(count).map(content_hash));
+    count
+}
+
+/// Appends the chained hashes of blocks of `pieces_per_block` consecutive pieces whose
+/// content hashes are `contents` (one prompt's, from [`content_hashes_into`]), the last block
+/// possibly shorter, and returns how many were appended (none when `pieces_per_block` is 0).
+///
+/// A block's content hash is its first piece's, with each further piece's folded in by one
+/// XXH64 lane round; blocks are then chained as [`hash_prompt_into`] chains them. Blocks of one
+/// piece therefore get exactly [`hash_prompt_into`]'s hashes of the same blocks, and a block of
+/// several pieces costs one chaining, not one per piece.
+pub fn chain_pieces_into(
+    seed: u64,
+    contents: &[u64],
+    pieces_per_block: usize,
+    out: &mut Vec<u64>,
+) -> usize {
+    if pieces_per_block == 0 {
+        return 0;
+    }
+    let count = contents.len().div_ceil(pieces_per_block);
+    out.reserve(count);
+    let mut prev = seed;
+    for block in contents.chunks(pieces_per_block) {
+        let content = block[1..]
+            .iter()
+            .fold(block[0], |folded, &piece| lane(folded, piece));
+        prev = chain(content, prev);
         out.push(prev);
     }
     count
@@ -189,6 +239,25 @@ fn fill_le<'b>(buf: &'b mut [u8; BUF_TOKENS * 4], tokens: &[u32]) -> &'b [u8] {
     &buf[..tokens.len() * 4]
 }
 
+const PRIME_1: u64 = 0x9E37_79B1_85EB_CA87;
+const PRIME_2: u64 = 0xC2B2_AE3D_27D4_EB4F;
+const PRIME_3: u64 = 0x1656_67B1_9E37_79F9;
+const PRIME_4: u64 = 0x85EB_CA77_C2B2_AE63;
+const PRIME_5: u64 = 0x27D4_EB2F_1656_67C5;
+
+/// XXH64's round for one 8-byte lane of input folded into `hash`.
+#[inline(always)]
+fn lane(hash: u64, value: u64) -> u64 {
+    let k = value
+        .wrapping_mul(PRIME_2)
+        .rotate_left(31)
+        .wrapping_mul(PRIME_1);
+    (hash ^ k)
+        .rotate_left(27)
+        .wrapping_mul(PRIME_1)
+        .wrapping_add(PRIME_4)
+}
+
 /// Hash of a block given its content hash and the previous block's hash (or the seed): XXH64,
 /// seed 0, of the 16 bytes `content` then `prev`, both little-endian.
 ///
@@ -197,22 +266,6 @@ fn fill_le<'b>(buf: &'b mut [u8; BUF_TOKENS * 4], tokens: &[u32]) -> &'b [u8] {
 /// tests checks it against the general function.
 #[inline]
 fn chain(content: u64, prev: u64) -> u64 {
-    const PRIME_1: u64 = 0x9E37_79B1_85EB_CA87;
-    const PRIME_2: u64 = 0xC2B2_AE3D_27D4_EB4F;
-    const PRIME_3: u64 = 0x1656_67B1_9E37_79F9;
-    const PRIME_4: u64 = 0x85EB_CA77_C2B2_AE63;
-    const PRIME_5: u64 = 0x27D4_EB2F_1656_67C5;
-    #[inline(always)]
-    fn lane(hash: u64, value: u64) -> u64 {
-        let k = value
-            .wrapping_mul(PRIME_2)
-            .rotate_left(31)
-            .wrapping_mul(PRIME_1);
-        (hash ^ k)
-            .rotate_left(27)
-            .wrapping_mul(PRIME_1)
-            .wrapping_add(PRIME_4)
-    }
     // Seed 0, 16 bytes.
     let mut hash = PRIME_5.wrapping_add(16);
     hash = lane(hash, content);

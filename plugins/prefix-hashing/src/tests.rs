@@ -252,3 +252,132 @@ fn local_hashes_chain_like_the_reference_hashes_over_the_same_blocks() {
     assert_eq!(hash_prompt_local_into(9, &[], 64, &mut a), 0);
     assert_eq!(hash_prompt_local_into(9, &tokens, 0, &mut a), 0);
 }
+
+/// Content hashes of one prompt in `piece`-token pieces, without a limit.
+fn contents(tokens: &[u32], piece: usize) -> Vec<u64> {
+    let mut out = Vec::new();
+    content_hashes_into(tokens, piece, usize::MAX, &mut out);
+    out
+}
+
+#[test]
+fn chained_content_hashes_are_the_block_hashes() {
+    let tokens = range(1, 1000);
+    let seed = prompt_seed("m", "s");
+    for block in [1, 16, 64, 999, 1000, 1001] {
+        let mut chained = Vec::new();
+        chain_pieces_into(seed, &contents(&tokens, block), 1, &mut chained);
+        assert_eq!(
+            chained,
+            one("m", "s", &tokens, block, usize::MAX),
+            "block {block}"
+        );
+    }
+}
+
+#[test]
+fn blocks_of_pieces_share_a_hash_exactly_when_they_share_the_prefix() {
+    // 1000 tokens: 63 pieces of 16 (the last of 8 tokens), so 16 blocks of 4 pieces, the last
+    // of 3.
+    let tokens = range(1, 1000);
+    let seed = prompt_seed("m", "");
+    let mut blocks = Vec::new();
+    assert_eq!(
+        chain_pieces_into(seed, &contents(&tokens, 16), 4, &mut blocks),
+        16
+    );
+    let distinct: std::collections::HashSet<u64> = blocks.iter().copied().collect();
+    assert_eq!(distinct.len(), 16);
+    // One token changed: the blocks from the one holding it on differ, none before.
+    for at in [0, 63, 64, 700, 999] {
+        let mut other = tokens.clone();
+        other[at] += 1;
+        let mut changed = Vec::new();
+        chain_pieces_into(seed, &contents(&other, 16), 4, &mut changed);
+        for (block, (a, b)) in blocks.iter().zip(&changed).enumerate() {
+            assert_eq!(a == b, block < at / 64, "token {at}, block {block}");
+        }
+    }
+    // Two pieces swapped within a block: another block.
+    let mut swapped = tokens.clone();
+    swapped[..32].rotate_left(16);
+    let mut changed = Vec::new();
+    chain_pieces_into(seed, &contents(&swapped, 16), 4, &mut changed);
+    assert_ne!(changed[0], blocks[0]);
+    // A prompt ending inside a block gets a hash of its own for that block.
+    let mut shorter = Vec::new();
+    chain_pieces_into(seed, &contents(&tokens[..950], 16), 4, &mut shorter);
+    assert_eq!(shorter[..14], blocks[..14]);
+    assert_eq!(shorter.len(), 15);
+    assert_ne!(shorter[14], blocks[14]);
+    assert_eq!(
+        chain_pieces_into(seed, &contents(&tokens, 16), 0, &mut blocks),
+        0
+    );
+}
+
+#[test]
+fn content_hashes_stop_at_the_piece_limit() {
+    let tokens = range(1, 100);
+    let mut out = vec![7];
+    assert_eq!(content_hashes_into(&tokens, 16, 3, &mut out), 3);
+    assert_eq!(out[1..], contents(&tokens, 16)[..3]);
+    assert_eq!(content_hashes_into(&[], 16, 3, &mut out), 0);
+    assert_eq!(content_hashes_into(&tokens, 0, 3, &mut out), 0);
+}
+
+#[test]
+fn published_content_hashes_chain_into_each_prompts_block_hashes() {
+    use published::{encode_content_hashes, ContentHashes};
+    let prompts = [range(1, 100), Vec::new(), range(500, 533)];
+    let mut all = Vec::new();
+    let mut ends = Vec::new();
+    for prompt in &prompts {
+        content_hashes_into(prompt, 16, usize::MAX, &mut all);
+        ends.push(all.len());
+    }
+    let mut bytes = Vec::new();
+    encode_content_hashes(16, &all, &ends, &mut bytes);
+    let value = ContentHashes::parse(&bytes).expect("a value");
+    assert_eq!((value.block_tokens(), value.prompts()), (16, 3));
+    assert_eq!(
+        [value.blocks(0), value.blocks(1), value.blocks(2)],
+        [7, 0, 3]
+    );
+
+    let seed = prompt_seed("lora", "");
+    let mut chained = vec![1];
+    let mut prompt_ends = Vec::new();
+    let needed = |p: usize| block_count(prompts[p].len(), 16, 5);
+    assert!(value.chain_into(seed, needed, &mut chained, |end| prompt_ends.push(end)));
+    let mut expected = vec![1];
+    let mut expected_ends = Vec::new();
+    for prompt in &prompts {
+        hash_prompt_into(seed, prompt, 16, 5, &mut expected);
+        expected_ends.push(expected.len());
+    }
+    assert_eq!(chained, expected);
+    assert_eq!(prompt_ends, expected_ends);
+
+    // A prompt that needs more blocks than were published: nothing appended.
+    let mut short = vec![1];
+    let mut called = false;
+    let more_than_published = |p: usize| value.blocks(p) + usize::from(p == 2);
+    assert!(!value.chain_into(seed, more_than_published, &mut short, |_| called = true));
+    assert_eq!(short, [1]);
+    assert!(!called);
+}
+
+#[test]
+fn other_bytes_are_not_a_published_value() {
+    use published::{encode_content_hashes, ContentHashes};
+    let mut bytes = Vec::new();
+    encode_content_hashes(16, &[1, 2, 3], &[2, 3], &mut bytes);
+    assert!(ContentHashes::parse(&bytes).is_some());
+    assert!(ContentHashes::parse(&bytes[..bytes.len() - 1]).is_none());
+    assert!(ContentHashes::parse(b"a text note, not hashes").is_none());
+    assert!(ContentHashes::parse(&[]).is_none());
+    let mut claims_more = bytes.clone();
+    claims_more[8] = 200;
+    assert!(ContentHashes::parse(&claims_more).is_none());
+}
