@@ -15,13 +15,14 @@ pub mod other_traffic;
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use switchyard_plugin_api::keys::{
-    IN_FLIGHT_LOAD, PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER,
+    BLOCK_CONTENT_HASHES, IN_FLIGHT_LOAD, PREFIX_CACHE_MATCH_INFO, TOKENIZED_PROMPT, TOKEN_PRODUCER,
 };
 use switchyard_plugin_api::sdk::{Declare, Instance, Param, PluginFactory, ProduceBatch, Producer};
 use switchyard_plugin_api::{
     AttrValue, BatchPolicy, EndpointView, PluginError, PluginKind, PrefixCacheMatchInfo,
     ProduceItem, Stability,
 };
+use switchyard_prefix_hashing::published::ContentHashes;
 use switchyard_prefix_hashing::{block_count, hash_prompt_into, prompt_seed};
 
 use assign::{assign, Replica};
@@ -47,6 +48,12 @@ const CONSUMES_CACHED_MATCH: usize = 1;
 /// after the cache estimates when those are consumed too.
 fn consumes_in_flight(config: &BurstConfig) -> usize {
     CONSUMES_CACHED_MATCH + usize::from(config.cached_match_producer().is_some())
+}
+
+/// Position of the cache estimator's published block content hashes in the declared consumed
+/// keys: last, and only with a cache estimator.
+fn consumes_content_hashes(config: &BurstConfig) -> usize {
+    consumes_in_flight(config) + usize::from(config.in_flight_producer().is_some())
 }
 
 /// Margin on top of the window for one produce call, as in the reference.
@@ -196,6 +203,9 @@ impl Producer for BurstProducer {
         }
         if let Some(producer) = self.config.in_flight_producer() {
             declared = declared.requires(IN_FLIGHT_LOAD, producer);
+        }
+        if let Some(producer) = self.config.cached_match_producer() {
+            declared = declared.optionally(BLOCK_CONTENT_HASHES, producer);
         }
         declared.batch = Some(BatchPolicy {
             window_ms,
@@ -407,11 +417,30 @@ impl BurstProducer {
             .sum()
     }
 
-    /// Appends the block hashes of every prompt of `item`, one prompt after the other.
+    /// Appends the block hashes of every prompt of `item`, one prompt after the other: chained
+    /// from the content hashes the cache estimator published for it when they are of this
+    /// producer's blocks, else from the tokens.
     fn hash_item_into(&self, item: &ProduceItem<'_>, out: &mut Vec<u64>) {
         let (block_size, max_blocks) = (self.config.block_size(), self.config.max_blocks());
         let seed = prompt_seed(&item.request.model, &item.request.cache_salt);
-        for prompt in item.request.prompts.iter() {
+        let prompts = item.request.prompts.as_slice();
+        let published = self
+            .config
+            .cached_match_producer()
+            .and_then(|_| item.endpoints.first())
+            .and_then(|e| item.attrs.get(consumes_content_hashes(&self.config), e))
+            .and_then(|value| match value {
+                AttrValue::Custom(bytes) => ContentHashes::parse(bytes),
+                _ => None,
+            })
+            .filter(|hashes| {
+                hashes.prompts() == prompts.len() && hashes.block_tokens() as usize == block_size
+            });
+        let needed = |p: usize| block_count(prompts[p].tokens.len(), block_size, max_blocks);
+        if published.is_some_and(|hashes| hashes.chain_into(seed, needed, out, |_| {})) {
+            return;
+        }
+        for prompt in prompts {
             hash_prompt_into(seed, &prompt.tokens, block_size, max_blocks, out);
         }
     }

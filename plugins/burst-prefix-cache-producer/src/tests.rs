@@ -463,6 +463,10 @@ fn lone_requests_already_cached_are_left_to_the_scorers() {
                 key: DataKey::new(PREFIX_CACHE_MATCH_INFO, "approx"),
                 required: true,
             },
+            ConsumedKey {
+                key: DataKey::new(BLOCK_CONTENT_HASHES, "approx"),
+                required: false,
+            },
         ]
     );
     // Two lone prompts, the first believed cached on /pod3; a pair of identical prompts, also
@@ -865,4 +869,47 @@ fn state_shows_the_groups_parts_and_the_loads_the_plan_saw() {
     );
     assert_eq!(plan["burstStart"]["atMs"], 10_000, "{plan}");
     assert_eq!(plan["groupsRemembered"], 1, "{plan}");
+}
+
+/// Other producers' values for one request: `approx`'s published content hashes of `tokens`
+/// in `block`-token blocks.
+fn published_hashes(tokens: &[u32], block: usize) -> Attributes {
+    use switchyard_prefix_hashing::{content_hashes_into, published::encode_content_hashes};
+    let mut contents = Vec::new();
+    content_hashes_into(tokens, block, usize::MAX, &mut contents);
+    let mut bytes = Vec::new();
+    encode_content_hashes(block as u32, &contents, &[contents.len()], &mut bytes);
+    Attributes::new().set_on(
+        DataKey::new(BLOCK_CONTENT_HASHES, "approx"),
+        0,
+        AttrValue::Custom(bytes.into()),
+    )
+}
+
+#[test]
+fn the_cache_estimators_published_content_hashes_are_chained_instead_of_the_prompt() {
+    let parameters = r#"{"blockSizeTokens": 4, "assignment": "fairShare",
+        "cachedMatchProducerName": "approx"}"#;
+    let groups_seen = |attrs: &dyn Fn(usize) -> Attributes| {
+        let producer = instance(parameters);
+        // Four requests with four different prompts.
+        let batch: Vec<Request> = (0..4u32)
+            .map(|r| request(&[r + 1; 8], &["/pod1", "/pod2"]))
+            .collect();
+        let attrs: Vec<Attributes> = (0..4).map(attrs).collect();
+        produce_seeing(&producer, &batch, &attrs);
+        let state = producer.state().expect("state").expect("a plan");
+        state["plan"]["groupsRemembered"].clone()
+    };
+    assert_eq!(groups_seen(&|_| Attributes::new()), 4);
+    // Published hashes are what is grouped: here every request's are those of one prompt (a
+    // publisher never lies like this; it shows the prompts were not read again).
+    assert_eq!(groups_seen(&|_| published_hashes(&[9; 8], 4)), 1);
+    // Hashes of other blocks are passed over and the prompts hashed as always.
+    assert_eq!(groups_seen(&|_| published_hashes(&[9; 8], 8)), 4);
+    assert_eq!(
+        groups_seen(&|r| published_hashes(&[r as u32 + 1; 8], 4)),
+        4,
+        "honest hashes group as the prompts do"
+    );
 }
