@@ -763,6 +763,9 @@ fn equal_groups_after_unequal_ones_are_taken_as_equal() {
 fn live_cuts_table() {
     let (mean, outside, runs) = second_step_over_live_cuts(&SHAPE_5, &SHAPE_5, 6, 40);
     println!("shape 5 after shape 5: {mean:.2} placements, {outside} of {runs} out of balance");
+    // The first unequal step of a series: the step before had equal groups, no sizes to carry.
+    let (mean, outside, runs) = second_step_over_live_cuts(&[128; 4], &SHAPE_5, 6, 40);
+    println!("shape 5 after 4 x 128: {mean:.2} placements, {outside} of {runs} out of balance");
 }
 
 #[test]
