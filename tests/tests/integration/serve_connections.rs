@@ -186,8 +186,10 @@ async fn assert_no_connections_open(router: &Router, what: &str) {
 async fn a_head_that_stalls_gets_408_and_a_silent_connection_is_closed() {
     let (_replica, router) = router("conn-head", &short_timeouts()).await;
 
-    let mut stalled = TcpStream::connect(router.api()).await.expect("connects");
+    // The router's clock starts when it accepts the connection: measured from before the
+    // connect, the answer can come no sooner than the timeout however slow the test runs.
     let started = Instant::now();
+    let mut stalled = TcpStream::connect(router.api()).await.expect("connects");
     stalled
         .write_all(b"POST /v1/completions HTTP/1.1\r\nhost: router\r\n")
         .await
