@@ -344,6 +344,15 @@ impl AttrValue {
     pub fn is_absent(&self) -> bool {
         matches!(self, AttrValue::Absent)
     }
+
+    /// The bytes of a [`AttrValue::Custom`] value.
+    #[inline]
+    pub fn custom(&self) -> Option<&[u8]> {
+        match self {
+            AttrValue::Custom(bytes) => Some(bytes.as_slice()),
+            _ => None,
+        }
+    }
 }
 
 /// A plugin's read access to the attributes of one request's candidates.
@@ -379,6 +388,17 @@ impl<'a> AttrView<'a> {
             .as_slice()
             .get(index)
             .filter(|value| !value.is_absent())
+    }
+
+    /// The value of the `consumed`-th declared key when it is one per request rather than one
+    /// per endpoint: such values sit on the first candidate only.
+    #[inline]
+    pub fn of_request(
+        &self,
+        consumed: usize,
+        endpoints: &[EndpointView<'_>],
+    ) -> Option<&'a AttrValue> {
+        self.get(consumed, endpoints.first()?)
     }
 }
 

@@ -959,4 +959,30 @@ mod tests {
         let refused = harness.import_state(&serde_json::json!({})).unwrap_err();
         assert_eq!(refused.kind, crate::ErrorKind::Unsupported);
     }
+
+    #[test]
+    fn a_value_of_the_request_is_read_from_the_first_candidate() {
+        let values = [
+            AttrValue::Custom(b"note".to_vec().into()),
+            AttrValue::Absent,
+            AttrValue::Absent,
+            Attributes::in_flight(1, 2),
+        ];
+        let attrs = attr_view(&values, &[0, 1], 2);
+        let endpoints: Vec<TestEndpoint> = TestEndpoint::several(2);
+        let views: Vec<EndpointView<'_>> = endpoints
+            .iter()
+            .enumerate()
+            .map(|(slot, e)| e.view(slot))
+            .collect();
+        let first = attrs.of_request(0, &views).expect("on the first candidate");
+        assert_eq!(first.custom(), Some(&b"note"[..]));
+        assert_eq!(
+            attrs.of_request(1, &views),
+            None,
+            "absent on the first candidate"
+        );
+        assert_eq!(attrs.of_request(0, &[]), None, "no candidates");
+        assert_eq!(values[3].custom(), None);
+    }
 }

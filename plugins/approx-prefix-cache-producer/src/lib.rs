@@ -281,7 +281,7 @@ impl ApproxProducer {
             &mut scratch.hashes,
             &mut scratch.contents,
         );
-        if scratch.contents.published {
+        if self.config.pieces_per_block(block_size).is_some() {
             let mut bytes = Vec::new();
             encode_content_hashes(
                 self.config.piece_tokens(),
@@ -504,10 +504,9 @@ fn parse_blocks(hex: &str) -> Option<Vec<u64>> {
 #[derive(Default)]
 struct Contents {
     hashes: Vec<u64>,
-    /// Where each prompt's pieces end in `hashes`, empty prompts included.
+    /// Where each prompt's pieces end in `hashes`, empty prompts included; empty when the
+    /// last hashing was of whole blocks.
     ends: Vec<usize>,
-    /// Whether the last hashing was in pieces (else the lists are empty).
-    published: bool,
 }
 
 /// Hashes the prompts of `request` into `out` (cleared first) in `block_size`-token blocks:
@@ -525,7 +524,6 @@ fn hash_into(
     out.clear();
     contents.hashes.clear();
     contents.ends.clear();
-    contents.published = pieces.is_some();
     for prompt in request.prompts.iter() {
         match pieces {
             None => out.push_prompt_with(|hashes| {

@@ -469,7 +469,8 @@ fn blocks_hashed_in_pieces_are_matched_as_whole_blocks_and_their_pieces_publishe
     let mut chained = Vec::new();
     let mut expected = Vec::new();
     let seed = prompt_seed("", "");
-    assert!(published.chain_into(seed, |p| published.blocks(p), &mut chained, |_| {}));
+    let shape = (16, 3);
+    assert!(published.chain_into(seed, shape, |p| published.blocks(p), &mut chained, |_| {}));
     for prompt in [&third, &first] {
         hash_prompt_into(seed, prompt, 16, usize::MAX, &mut expected);
     }

@@ -427,17 +427,15 @@ impl BurstProducer {
         let published = self
             .config
             .cached_match_producer()
-            .and_then(|_| item.endpoints.first())
-            .and_then(|e| item.attrs.get(consumes_content_hashes(&self.config), e))
-            .and_then(|value| match value {
-                AttrValue::Custom(bytes) => ContentHashes::parse(bytes),
-                _ => None,
+            .and_then(|_| {
+                let consumed = consumes_content_hashes(&self.config);
+                item.attrs.of_request(consumed, &item.endpoints)
             })
-            .filter(|hashes| {
-                hashes.prompts() == prompts.len() && hashes.block_tokens() as usize == block_size
-            });
+            .and_then(AttrValue::custom)
+            .and_then(ContentHashes::parse);
         let needed = |p: usize| block_count(prompts[p].tokens.len(), block_size, max_blocks);
-        if published.is_some_and(|hashes| hashes.chain_into(seed, needed, out, |_| {})) {
+        let shape = (block_size as u32, prompts.len());
+        if published.is_some_and(|hashes| hashes.chain_into(seed, shape, needed, out, |_| {})) {
             return;
         }
         for prompt in prompts {

@@ -213,13 +213,11 @@ impl KvEventProducer {
         let request = &item.request;
         // Token ids the host estimated from text match no engine's blocks.
         // The host's note says why, when the decision is recorded.
-        let estimated = endpoints
-            .first()
-            .and_then(|e| item.attrs.get(CONSUMES_TOKENS, e))
-            .and_then(|v| match v {
-                AttrValue::Custom(bytes) => Some(std::str::from_utf8(bytes).unwrap_or("")),
-                _ => None,
-            });
+        let estimated = item
+            .attrs
+            .of_request(CONSUMES_TOKENS, endpoints)
+            .and_then(AttrValue::custom)
+            .map(|bytes| std::str::from_utf8(bytes).unwrap_or(""));
         let index = self.read();
         let width = endpoints
             .iter()
@@ -238,14 +236,11 @@ impl KvEventProducer {
         let seed = index.request_seed(&request.model, &request.cache_salt);
         // Usually every engine uses one block size: no endpoint's size needs looking up again.
         let one_size = (scratch.sizes.len() == 1).then(|| scratch.sizes[0]);
-        let published = endpoints
-            .first()
-            .and_then(|e| item.attrs.get(CONSUMES_CONTENT_HASHES, e))
-            .and_then(|v| match v {
-                AttrValue::Custom(bytes) => ContentHashes::parse(bytes),
-                _ => None,
-            })
-            .filter(|hashes| hashes.prompts() == request.prompts.len());
+        let published = item
+            .attrs
+            .of_request(CONSUMES_CONTENT_HASHES, endpoints)
+            .and_then(AttrValue::custom)
+            .and_then(ContentHashes::parse);
         scratch.totals.clear();
         for &size in &scratch.sizes {
             scratch.hashes.clear();
@@ -255,11 +250,12 @@ impl KvEventProducer {
                 let tokens = request.prompts[prompt].tokens.len();
                 block_count(tokens, size as usize, self.config.max_blocks())
             };
-            let chained = published
-                .filter(|hashes| hashes.block_tokens() == size)
-                .is_some_and(|hashes| {
-                    hashes.chain_into(seed, needed, &mut scratch.hashes, |end| ends.push(end))
-                });
+            let prompts = (size, request.prompts.len());
+            let chained = published.is_some_and(|hashes| {
+                hashes.chain_into(seed, prompts, needed, &mut scratch.hashes, |end| {
+                    ends.push(end)
+                })
+            });
             if !chained {
                 self.hash_prompts(seed, request, size, &mut scratch.hashes, |end| {
                     ends.push(end)

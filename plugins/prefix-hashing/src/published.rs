@@ -93,16 +93,23 @@ impl<'a> ContentHashes<'a> {
 
     /// Appends the chained hashes of the first `blocks(prompt)` blocks of every prompt to `out`,
     /// as [`crate::hash_prompt_into`] would from the tokens, calling `prompt_end` with `out`'s
-    /// length after each prompt. Returns `false`, having appended nothing and called nothing,
-    /// when a prompt needs more blocks than were published.
+    /// length after each prompt. `shape` is the consumer's block size and the request's prompt
+    /// count. Returns `false`, having appended nothing and called nothing, when the value does
+    /// not serve it: blocks of another size, another number of prompts, or a prompt that needs
+    /// more blocks than were published.
     pub fn chain_into(
         &self,
         seed: u64,
+        shape: (u32, usize),
         blocks: impl Fn(usize) -> usize,
         out: &mut Vec<u64>,
         mut prompt_end: impl FnMut(usize),
     ) -> bool {
-        if (0..self.prompts()).any(|prompt| blocks(prompt) > self.blocks(prompt)) {
+        let (block_tokens, prompts) = shape;
+        if block_tokens != self.block_tokens
+            || prompts != self.prompts()
+            || (0..prompts).any(|prompt| blocks(prompt) > self.blocks(prompt))
+        {
             return false;
         }
         let mut at = 0;

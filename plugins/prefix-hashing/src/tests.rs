@@ -349,7 +349,10 @@ fn published_content_hashes_chain_into_each_prompts_block_hashes() {
     let mut chained = vec![1];
     let mut prompt_ends = Vec::new();
     let needed = |p: usize| block_count(prompts[p].len(), 16, 5);
-    assert!(value.chain_into(seed, needed, &mut chained, |end| prompt_ends.push(end)));
+    assert!(
+        value.chain_into(seed, (16, 3), needed, &mut chained, |end| prompt_ends
+            .push(end))
+    );
     let mut expected = vec![1];
     let mut expected_ends = Vec::new();
     for prompt in &prompts {
@@ -363,9 +366,18 @@ fn published_content_hashes_chain_into_each_prompts_block_hashes() {
     let mut short = vec![1];
     let mut called = false;
     let more_than_published = |p: usize| value.blocks(p) + usize::from(p == 2);
-    assert!(!value.chain_into(seed, more_than_published, &mut short, |_| called = true));
+    assert!(
+        !value.chain_into(seed, (16, 3), more_than_published, &mut short, |_| called =
+            true)
+    );
     assert_eq!(short, [1]);
     assert!(!called);
+    // Blocks of another size, or another number of prompts: nothing appended either.
+    for shape in [(8, 3), (16, 2)] {
+        assert!(!value.chain_into(seed, shape, needed, &mut short, |_| called = true));
+        assert_eq!(short, [1]);
+        assert!(!called);
+    }
 }
 
 #[test]
