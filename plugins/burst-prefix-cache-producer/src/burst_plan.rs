@@ -32,7 +32,11 @@
 //!    floor, as far under the level as the ceiling is over it) can be reached that way does
 //!    its largest group get a new home, on the least planned replica out of reach. A replica
 //!    below the floor while none is above the ceiling pulls from the most planned one along
-//!    shared groups. While new groups keep appearing at their usual spacing (prompts sent one
+//!    shared groups. Until the burst has come [`LATE_IN_BURST`] of the way the previous one
+//!    went (in requests or in time), a replica may run further over before it gets a new
+//!    home, from [`URGENT_EXCESS`] at the start down to the ceiling: a new home opened on
+//!    early, noisy counts is often one the final sizes would not have needed, and each costs
+//!    a prefill. While new groups keep appearing at their usual spacing (prompts sent one
 //!    after the other), a replica may run up to one group ahead of the level: the next group
 //!    goes where the earlier ones left room.
 //! 4. Each member goes to its group's replica furthest below its part of the members seen.
@@ -144,11 +148,17 @@ pub struct BurstPlan {
     now_ms: u64,
     /// When a group last had a second member: until `memory_ms` later a burst may be going on.
     last_burst_ms: Option<u64>,
-    /// Where (in `arrivals`) the current burst began; the sizes of its groups of two or more
-    /// already forgotten; the sizes of the previous burst's groups, largest first.
+    /// Where (in `arrivals`) the current burst began, and when; when the plan last placed a
+    /// window; the sizes of the current burst's groups of two or more already forgotten; the
+    /// sizes of the previous burst's groups, largest first.
     burst_from: u64,
+    burst_from_ms: u64,
+    placed_ms: u64,
     forgotten_sizes: Vec<usize>,
     previous_sizes: Vec<usize>,
+    /// The requests the previous burst brought and how long they took to arrive, if a burst
+    /// of two or more groups ended; how far the current one has come is measured against it.
+    previous_burst: Option<(u64, u64)>,
     /// The rebalance's buffers, kept between windows.
     links: Links,
     /// What the plan saw and decided in its latest window, and in the first window of the
@@ -170,6 +180,9 @@ struct WindowView {
     carried: Vec<u64>,
     unexplained: Vec<f64>,
     planned: Vec<f64>,
+    /// The excess over the level (a share of it) a replica could carry before a new home
+    /// because the burst had not come far enough (see `new_homes_wait`).
+    new_homes_wait: Option<f64>,
 }
 
 impl WindowView {
@@ -214,6 +227,7 @@ impl WindowView {
             "requests": self.requests,
             "groups": self.groups,
             "level": rounded(self.level),
+            "newHomesWaitUpTo": self.new_homes_wait.map(rounded),
             "replicas": replicas,
         })
     }
@@ -227,6 +241,20 @@ fn rounded(x: f64) -> f64 {
 /// The most group sizes of one burst kept as the next one's prior: a stream whose groups
 /// overlap without a pause never ends a burst, and must not grow the list without bound.
 const PRIOR_GROUPS: usize = 4096;
+
+/// How far into a burst, as a share of the previous one, a replica over the ceiling gets a new
+/// home for part of a group as soon as it is over; before that it may run further over (moves
+/// along groups already shared are not held back): a new home opened on early, noisy counts
+/// is often one the final sizes would not have needed, and each costs a prefill.
+const LATE_IN_BURST: f64 = 0.7;
+
+/// How far over the level, as a share of it, a replica may run at the start of a burst before
+/// it gets a new home; the allowance shrinks evenly to the ceiling's at [`LATE_IN_BURST`].
+const URGENT_EXCESS: f64 = 0.3;
+
+/// The share of the previous burst's requests a burst's first window must bring for its
+/// corrections not to wait.
+const AT_ONCE: f64 = 0.4;
 
 /// Groups `BurstPlan::describe` lists, the most seen first.
 const DESCRIBED_GROUPS: usize = 64;
@@ -244,6 +272,9 @@ impl BurstPlan {
             newest_from: 0,
             newest_group_from: 0,
             burst_from: 0,
+            burst_from_ms: 0,
+            placed_ms: 0,
+            previous_burst: None,
             forgotten_sizes: Vec::new(),
             previous_sizes: Vec::new(),
             last_burst_ms: None,
@@ -290,6 +321,9 @@ impl BurstPlan {
         serde_json::json!({
             "groupsRemembered": self.trails.len(),
             "previousBurstSizes": &self.previous_sizes,
+            "previousBurst": self.previous_burst.map(|(requests, length_ms)| {
+                serde_json::json!({ "requests": requests, "lengthMs": length_ms })
+            }),
             "groups": groups,
             "latestWindow": self.latest.describe(),
             "burstStart": self.burst_start.describe(),
@@ -373,18 +407,22 @@ impl BurstPlan {
                 }
             }
         }
-        self.arrivals += groups.iter().map(|g| g.positions.len() as u64).sum::<u64>();
+        let window_requests = groups.iter().map(|g| g.positions.len() as u64).sum::<u64>();
+        self.arrivals += window_requests;
         let burst_groups = self.active().filter(|t| t.seen > 1).count() as u64;
         let starts_burst = quiet && burst_groups > 0;
         if starts_burst {
             // Its first member may have come before this window, placed alone.
-            let from = self
+            let (from, from_ms) = self
                 .active()
                 .filter(|t| t.seen > 1)
-                .map(|t| t.first_arrival)
-                .fold(window_from, u64::min);
-            self.end_burst(from);
+                .map(|t| (t.first_arrival, t.first_ms))
+                .fold((window_from, now_ms), |(a, a_ms), (b, b_ms)| {
+                    (a.min(b), a_ms.min(b_ms))
+                });
+            self.end_burst(from, from_ms);
         }
+        self.placed_ms = now_ms;
 
         let estimate = SizeEstimate::of(self.active().map(|t| t.seen), &self.previous_sizes);
         let mut fleet = Fleet::new(replicas);
@@ -439,7 +477,13 @@ impl BurstPlan {
             trail.shares.push(Share::new(replicas[target].id, 1.0, 0));
         }
 
-        if self.groups_look_complete(burst_groups, replicas.len() as u64) {
+        let complete = self.groups_look_complete(burst_groups, replicas.len() as u64);
+        let waiting = if complete {
+            self.new_homes_wait(window_requests)
+        } else {
+            None
+        };
+        if complete {
             if self.groups_still_appearing() {
                 // One group, when groups are no larger than a quarter of the level or, in a
                 // lightly loaded fleet, than what a prompt alone may hold before it spreads;
@@ -455,9 +499,10 @@ impl BurstPlan {
                     fleet.tolerate(group);
                 }
             }
-            self.rebalance(&mut fleet, &estimate);
+            self.rebalance(&mut fleet, &estimate, waiting);
         }
         self.latest.record(now_ms, groups, &fleet, &base);
+        self.latest.new_homes_wait = waiting;
         if starts_burst {
             self.burst_start.clone_from(&self.latest);
         }
@@ -471,6 +516,32 @@ impl BurstPlan {
                 _ => Vec::new(),
             })
             .collect()
+    }
+
+    /// How far over the level (a share of it) a replica may stay before it gets a new home,
+    /// while the burst has come less than [`LATE_IN_BURST`] of the way the previous one went,
+    /// in requests or in time (a step of a training loop is much like the last): from
+    /// [`URGENT_EXCESS`] at its start down to the ceiling's allowance at that point, so a
+    /// burst that ends sooner than the last leaves a replica at most that far over. `None`
+    /// (the ceiling alone) before a burst of two or more groups has ended, from that point on,
+    /// and in a window that brings nearly all of the burst so far and at least [`AT_ONCE`] of
+    /// the previous one's requests: a burst sent at once, whose counts are as good as they
+    /// get.
+    fn new_homes_wait(&self, window_requests: u64) -> Option<f64> {
+        let (requests, length_ms) = self.previous_burst?;
+        let burst_requests = self.arrivals.saturating_sub(self.burst_from);
+        let before_window = burst_requests.saturating_sub(window_requests);
+        if before_window * 10 < window_requests
+            && window_requests as f64 >= AT_ONCE * requests as f64
+        {
+            return None;
+        }
+        let by_requests = burst_requests as f64 / requests.max(1) as f64;
+        let elapsed_ms = self.now_ms.saturating_sub(self.burst_from_ms);
+        let by_time = elapsed_ms as f64 / length_ms.max(1) as f64;
+        let progress = by_requests.max(by_time);
+        (progress < LATE_IN_BURST)
+            .then(|| URGENT_EXCESS - (URGENT_EXCESS - ALLOWANCE / 2.0) * progress / LATE_IN_BURST)
     }
 
     /// The groups still arriving: their last member came within eight of their mean gaps
@@ -558,7 +629,7 @@ impl BurstPlan {
     /// below the floor while none is above the ceiling pulls from the most planned one, along
     /// shared groups only. A replica over the ceiling with nothing to move (loaded by other
     /// traffic) is passed over.
-    fn rebalance(&mut self, fleet: &mut Fleet<'_>, estimate: &SizeEstimate) {
+    fn rebalance(&mut self, fleet: &mut Fleet<'_>, estimate: &SizeEstimate, waiting: Option<f64>) {
         let floor = fleet.floor();
         if fleet
             .planned
@@ -569,12 +640,12 @@ impl BurstPlan {
         }
         let mut links = std::mem::take(&mut self.links);
         links.fill(self, fleet, estimate);
-        self.rebalance_along(&mut links, fleet);
+        self.rebalance_along(&mut links, fleet, waiting);
         self.links = links;
     }
 
     /// The moves of [`BurstPlan::rebalance`], over `links` filled for this window.
-    fn rebalance_along(&mut self, links: &mut Links, fleet: &mut Fleet<'_>) {
+    fn rebalance_along(&mut self, links: &mut Links, fleet: &mut Fleet<'_>, waiting: Option<f64>) {
         let n = fleet.replicas.len();
         let floor = fleet.floor();
         let mut passed = vec![false; n];
@@ -624,6 +695,10 @@ impl BurstPlan {
                 }
                 _ => {}
             }
+            if waiting.is_some_and(|share| excess <= share * fleet.level) {
+                passed[over] = true;
+                continue;
+            }
             // A new home: the largest group on `over`, to the least planned replica out of
             // reach.
             let largest = links.on[over]
@@ -661,10 +736,15 @@ impl BurstPlan {
         }
     }
 
-    /// A burst starts with the window whose first member is `window_from`: the group sizes
-    /// of the one before it become the prior of the size estimate.
-    fn end_burst(&mut self, window_from: u64) {
+    /// A burst starts with its first member, `window_from` (at `from_ms`): the group sizes of
+    /// the one before it become the prior of the size estimate, and its requests and length
+    /// the measure of how far the new one has come.
+    fn end_burst(&mut self, window_from: u64, from_ms: u64) {
         let from = self.burst_from;
+        let length = (
+            window_from.saturating_sub(from),
+            self.placed_ms.saturating_sub(self.burst_from_ms),
+        );
         let mut sizes = std::mem::take(&mut self.forgotten_sizes);
         let room = PRIOR_GROUPS.saturating_sub(sizes.len());
         sizes.extend(
@@ -677,8 +757,10 @@ impl BurstPlan {
         if sizes.len() >= 2 {
             sizes.sort_unstable_by(|a, b| b.cmp(a));
             self.previous_sizes = sizes;
+            self.previous_burst = Some(length);
         }
         self.burst_from = window_from;
+        self.burst_from_ms = from_ms;
     }
 
     /// Drops the groups not seen for `memory_ms`, at most once per quarter of it (and whenever

@@ -856,6 +856,12 @@ fn state_shows_the_groups_parts_and_the_loads_the_plan_saw() {
         .sum();
     assert!(planned > 0.0, "{plan}");
     assert_eq!(plan["previousBurstSizes"], serde_json::json!([]), "{plan}");
+    assert_eq!(plan["previousBurst"], serde_json::Value::Null, "{plan}");
+    assert_eq!(
+        latest["newHomesWaitUpTo"],
+        serde_json::Value::Null,
+        "no burst to measure by: {plan}"
+    );
 
     // A burst long after, its groups forgotten by then: the last one's sizes are kept.
     let next = samples_at(10_000, 2, &[9; 8], &[0; 4]);
@@ -866,6 +872,11 @@ fn state_shows_the_groups_parts_and_the_loads_the_plan_saw() {
         plan["previousBurstSizes"],
         serde_json::json!([4, 3]),
         "{plan}"
+    );
+    assert_eq!(
+        plan["previousBurst"],
+        serde_json::json!({ "requests": 7, "lengthMs": 5 }),
+        "its requests, from its first window to its last: {plan}"
     );
     assert_eq!(plan["burstStart"]["atMs"], 10_000, "{plan}");
     assert_eq!(plan["groupsRemembered"], 1, "{plan}");
