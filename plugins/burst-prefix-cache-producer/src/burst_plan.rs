@@ -32,11 +32,11 @@
 //!    floor, as far under the level as the ceiling is over it) can be reached that way does
 //!    its largest group get a new home, on the least planned replica out of reach. A replica
 //!    below the floor while none is above the ceiling pulls from the most planned one along
-//!    shared groups. Until the burst has come [`LATE_IN_BURST`] of the way the previous one
-//!    went (in requests or in time), a replica may run further over before it gets a new
-//!    home, from [`URGENT_EXCESS`] at the start down to the ceiling: a new home opened on
-//!    early, noisy counts is often one the final sizes would not have needed, and each costs
-//!    a prefill. While new groups keep appearing at their usual spacing (prompts sent one
+//!    shared groups. Until the burst has brought [`LATE_IN_BURST`] of the previous one's
+//!    requests (or lasted as long), a replica may run further over before it gets a new home
+//!    (and the new home as far), from [`URGENT_EXCESS`] at the start down to the ceiling: a
+//!    new home opened on early, noisy counts is often one the final sizes would not have
+//!    needed, and each costs a prefill. While new groups keep appearing at their usual spacing (prompts sent one
 //!    after the other), a replica may run up to one group ahead of the level: the next group
 //!    goes where the earlier ones left room.
 //! 4. Each member goes to its group's replica furthest below its part of the members seen.
@@ -242,10 +242,11 @@ fn rounded(x: f64) -> f64 {
 /// overlap without a pause never ends a burst, and must not grow the list without bound.
 const PRIOR_GROUPS: usize = 4096;
 
-/// How far into a burst, as a share of the previous one, a replica over the ceiling gets a new
-/// home for part of a group as soon as it is over; before that it may run further over (moves
-/// along groups already shared are not held back): a new home opened on early, noisy counts
-/// is often one the final sizes would not have needed, and each costs a prefill.
+/// How far into a burst, as a share of the previous one's requests, a replica over the
+/// ceiling gets a new home for part of a group as soon as it is over; before that it may run
+/// further over (moves along groups already shared are not held back): a new home opened on
+/// early, noisy counts is often one the final sizes would not have needed, and each costs a
+/// prefill.
 const LATE_IN_BURST: f64 = 0.7;
 
 /// How far over the level, as a share of it, a replica may run at the start of a burst before
@@ -478,11 +479,9 @@ impl BurstPlan {
         }
 
         let complete = self.groups_look_complete(burst_groups, replicas.len() as u64);
-        let waiting = if complete {
-            self.new_homes_wait(window_requests)
-        } else {
-            None
-        };
+        let waiting = complete
+            .then(|| self.new_homes_wait(window_requests))
+            .flatten();
         if complete {
             if self.groups_still_appearing() {
                 // One group, when groups are no larger than a quarter of the level or, in a
@@ -518,11 +517,12 @@ impl BurstPlan {
             .collect()
     }
 
-    /// How far over the level (a share of it) a replica may stay before it gets a new home,
-    /// while the burst has come less than [`LATE_IN_BURST`] of the way the previous one went,
-    /// in requests or in time (a step of a training loop is much like the last): from
-    /// [`URGENT_EXCESS`] at its start down to the ceiling's allowance at that point, so a
-    /// burst that ends sooner than the last leaves a replica at most that far over. `None`
+    /// How far over the level (a share of it) a replica may run before it gets a new home, and
+    /// a new home may run, while the burst has brought less than [`LATE_IN_BURST`] of the
+    /// previous one's requests and lasted less than it (a step of a training loop is much like
+    /// the last): from [`URGENT_EXCESS`] at its start down to the ceiling's allowance at that
+    /// point, so a burst that ends sooner than the last leaves a replica at most that far
+    /// over. `None`
     /// (the ceiling alone) before a burst of two or more groups has ended, from that point on,
     /// and in a window that brings nearly all of the burst so far and at least [`AT_ONCE`] of
     /// the previous one's requests: a burst sent at once, whose counts are as good as they
@@ -539,7 +539,9 @@ impl BurstPlan {
         let by_requests = burst_requests as f64 / requests.max(1) as f64;
         let elapsed_ms = self.now_ms.saturating_sub(self.burst_from_ms);
         let by_time = elapsed_ms as f64 / length_ms.max(1) as f64;
-        let progress = by_requests.max(by_time);
+        // By time, a burst is only as far as the late point once it has lasted as long as the
+        // last one: a client's spread and the windows' cuts vary from step to step.
+        let progress = by_requests.max(LATE_IN_BURST * by_time);
         (progress < LATE_IN_BURST)
             .then(|| URGENT_EXCESS - (URGENT_EXCESS - ALLOWANCE / 2.0) * progress / LATE_IN_BURST)
     }
@@ -723,7 +725,9 @@ impl BurstPlan {
                 passed[over] = true;
                 continue;
             };
-            let amount = load.min(excess).min(fleet.level - fleet.planned[target]);
+            // While new homes wait, the new one may run as far over the level as `over` may.
+            let room = fleet.level + waiting.unwrap_or(0.0) * fleet.level - fleet.planned[target];
+            let amount = load.min(excess).min(room);
             // Half a member or less would only scatter single requests (and a group of two
             // stays whole where it would even out one request).
             if amount <= fleet.per_member / 2.0 || links.sizes[g] <= 0.0 {
