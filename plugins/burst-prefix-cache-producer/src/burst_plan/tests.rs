@@ -614,19 +614,35 @@ fn burst_cut_as_from(
 ) -> (Vec<usize>, usize) {
     let mut next = switchyard_plugin_api::testing::numbers(seed);
     let arrivals = shuffled_arrivals(sizes, &mut next);
-    let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
-    let mut load = vec![0usize; 8];
-    let mut pairs = BTreeSet::new();
     let (mut at, mut now) = (0, from_ms);
+    let mut windows = Vec::with_capacity(cuts.len());
     for &cut in cuts {
         let window = &arrivals[at..(at + cut).min(arrivals.len())];
         at += window.len();
         now = (from_ms + spread_ms * at as u64 / arrivals.len() as u64).max(now + 1);
+        windows.push((now, window));
+    }
+    assert_eq!(at, arrivals.len());
+    place_timed_windows(plan, seed, windows)
+}
+
+/// Places `windows` (each the time it is placed and the group of each request) over 8
+/// replicas that run what the earlier windows sent them, the groups keyed by `step`; returns
+/// the requests per replica and the (group, replica) placements.
+fn place_timed_windows<'a>(
+    plan: &mut BurstPlan,
+    step: u64,
+    windows: impl IntoIterator<Item = (u64, &'a [usize])>,
+) -> (Vec<usize>, usize) {
+    let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
+    let mut load = vec![0usize; 8];
+    let mut pairs = BTreeSet::new();
+    let key = |g: usize| GroupKey {
+        blocks: 4,
+        digest: step << 32 | g as u64,
+    };
+    for (now, window) in windows {
         let running: Vec<u64> = load.iter().map(|&n| n as u64).collect();
-        let key = |g: usize| GroupKey {
-            blocks: 4,
-            digest: seed << 32 | g as u64,
-        };
         for (&g, r) in window
             .iter()
             .zip(place_window(plan, now, window, key, &ids, &running))
@@ -635,7 +651,6 @@ fn burst_cut_as_from(
             pairs.insert((g, r));
         }
     }
-    assert_eq!(at, arrivals.len());
     (load, pairs.len())
 }
 
@@ -709,6 +724,26 @@ struct SecondSteps {
     runs: usize,
 }
 
+impl SecondSteps {
+    fn assert_over_bound_at_most(&self, most: usize) {
+        assert!(
+            self.over_bound <= most,
+            "{} of {} steps over P + R - 1",
+            self.over_bound,
+            self.runs
+        );
+    }
+
+    fn assert_out_of_balance_at_most(&self, most: usize) {
+        assert!(
+            self.outside <= most,
+            "{} of {} steps out of balance",
+            self.outside,
+            self.runs
+        );
+    }
+}
+
 /// Shape 5 cut as each of [`LIVE_CUTS`], `orders` arrival orders each, as the second step
 /// through one plan: the first step, of `first` sizes, teaches it the sizes of a step's
 /// groups and how long a step is; the second has `sizes`, cut in windows scaled to its
@@ -763,18 +798,8 @@ fn unequal_groups_like_the_previous_steps_are_sized_from_it() {
     // homes opened on the first noisy counts, 166 of 600 steps went over P + R − 1.
     let steps = second_step_over_live_cuts(&SHAPE_5, &SHAPE_5, 6, 40, STEP_SPREAD_MS);
     assert!(steps.placements <= 18.2, "{} placements", steps.placements);
-    assert!(
-        steps.over_bound <= 80,
-        "{} of {} steps over P + R - 1",
-        steps.over_bound,
-        steps.runs
-    );
-    assert!(
-        steps.outside <= 3,
-        "{} of {} out of balance",
-        steps.outside,
-        steps.runs
-    );
+    steps.assert_over_bound_at_most(80);
+    steps.assert_out_of_balance_at_most(3);
 }
 
 #[test]
@@ -783,18 +808,8 @@ fn the_first_unequal_step_waits_for_its_counts_too() {
     // step is. Opening new homes on the first counts: 178 of 600 steps over P + R − 1, 11
     // out of balance.
     let steps = second_step_over_live_cuts(&[128; 4], &SHAPE_5, 6, 40, STEP_SPREAD_MS);
-    assert!(
-        steps.over_bound <= 100,
-        "{} of {} steps over P + R - 1",
-        steps.over_bound,
-        steps.runs
-    );
-    assert!(
-        steps.outside <= 20,
-        "{} of {} out of balance",
-        steps.outside,
-        steps.runs
-    );
+    steps.assert_over_bound_at_most(100);
+    steps.assert_out_of_balance_at_most(20);
 }
 
 #[test]
@@ -806,12 +821,7 @@ fn a_smaller_step_with_the_same_proportions_stays_balanced() {
     // balanced at once.
     let half: Vec<usize> = SHAPE_5.iter().map(|s| s / 2).collect();
     let steps = second_step_over_live_cuts(&SHAPE_5, &half, 3, 40, STEP_SPREAD_MS);
-    assert!(
-        steps.outside <= 20,
-        "{} of {} out of balance",
-        steps.outside,
-        steps.runs
-    );
+    steps.assert_out_of_balance_at_most(20);
 }
 
 #[test]
@@ -822,12 +832,7 @@ fn a_smaller_step_sent_at_the_same_pace_ends_near_balance() {
     // more off its 32 requests (opening new homes at once: 5); 15 more than 6 off.
     let half: Vec<usize> = SHAPE_5.iter().map(|s| s / 2).collect();
     let steps = second_step_over_live_cuts(&SHAPE_5, &half, 6, 40, STEP_SPREAD_MS / 2);
-    assert!(
-        steps.outside <= 25,
-        "{} of {} out of balance",
-        steps.outside,
-        steps.runs
-    );
+    steps.assert_out_of_balance_at_most(25);
 }
 
 #[test]
@@ -836,12 +841,7 @@ fn equal_groups_after_unequal_ones_are_taken_as_equal() {
     // the previous step's sizes, so that prior is not used, and the groups land whole.
     let steps = second_step_over_live_cuts(&SHAPE_5, &[16; 32], 6, 10, STEP_SPREAD_MS);
     assert!(steps.placements <= 33.0, "{} placements", steps.placements);
-    assert!(
-        steps.outside == 0,
-        "{} of {} out of balance",
-        steps.outside,
-        steps.runs
-    );
+    steps.assert_out_of_balance_at_most(0);
 }
 
 /// Prints [`second_step_over_live_cuts`] per cut: `LIVE_CUTS_EACH=1 cargo test -p
@@ -940,7 +940,6 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
     // 20, 17, 19, 21, 18, 20 and 20 placements live; the last four after (live 21, 18, 18
     // and 19). Every replica must end within 10% of its share, and at most one step, the
     // first unequal one of a run with no sizes to carry, above the bound.
-    let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
     let mut plan = BurstPlan::new(2000, 100);
     let mut placements = Vec::new();
     for (header, windows) in live_steps() {
@@ -950,28 +949,14 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
             let _ = burst_cut_as_from(&mut plan, &[128; 4], 7, &[100, 150, 120, 142], from, 50);
         }
         let step = windows[0].0;
-        let mut load = vec![0usize; 8];
-        let mut pairs = BTreeSet::new();
-        for (at, window) in &windows {
-            let running: Vec<u64> = load.iter().map(|&n| n as u64).collect();
-            let key = |g: usize| GroupKey {
-                blocks: 4,
-                digest: step << 32 | g as u64,
-            };
-            for (&g, r) in window
-                .iter()
-                .zip(place_window(&mut plan, *at, window, key, &ids, &running))
-            {
-                load[r] += 1;
-                pairs.insert((g, r));
-            }
-        }
+        let timed = windows.iter().map(|(at, groups)| (*at, groups.as_slice()));
+        let (load, pairs) = place_timed_windows(&mut plan, step, timed);
         assert_eq!(load.iter().sum::<usize>(), 512, "{header}");
         assert!(
             load.iter().all(|&l| l.abs_diff(64) <= 6),
             "{header}: {load:?}"
         );
-        placements.push(pairs.len());
+        placements.push(pairs);
     }
     let over: Vec<&usize> = placements.iter().filter(|&&p| p > 19).collect();
     assert!(over.len() <= 1, "placements per step: {placements:?}");
