@@ -903,7 +903,7 @@ fn a_stream_of_groups_that_never_pauses_keeps_a_bounded_prior() {
     );
 }
 
-/// Steps of `bench/bursts` shape 5 as they reached the router in three live runs of two rounds:
+/// Steps of `bench/bursts` shape 5 as they reached the router in four live runs of two rounds:
 /// for each step, `# run R step S`, then one line per window: the time it was placed (ms, on
 /// the router's clock) and the group of each of its requests in arrival order.
 const LIVE_STEPS: &str = include_str!("live_steps.txt");
@@ -934,16 +934,18 @@ fn live_steps() -> Vec<(String, Vec<LiveWindow>)> {
 #[test]
 fn the_live_steps_replayed_stay_within_the_placement_bound() {
     // Every step recorded live, replayed window by window at its recorded times through one
-    // plan per run, as in `bench/bursts`: two steps of 4 x 128 (here one, sent over 50 ms)
-    // just before the first, then the two steps of shape 5. P + R - 1 = 19 per step. The
-    // first eight steps were recorded before new homes waited for the counts, and made 17,
-    // 20, 17, 19, 21, 18, 20 and 20 placements live; the last four after (live 21, 18, 18
-    // and 19). Every replica must end within 10% of its share, and at most one step, the
-    // first unequal one of a run with no sizes to carry, above the bound.
+    // plan per round, as in `bench/bursts`: a step of 4 x 128 just before the first (here one
+    // sent over 50 ms; live two over 30 ms), then the two steps of shape 5. P + R - 1 = 19 per step. The
+    // first eight steps were recorded before new homes waited for the counts and made 17, 20,
+    // 17, 19, 21, 18, 20 and 20 placements live; the last eight after (21, 18, 18, 19 and 21,
+    // 18, 18, 17). Every replica must end within 10% of its share; every second step, with
+    // the sizes of the first to go by, within the bound; a first one, with no sizes to carry,
+    // at most two over it.
     let mut plan = BurstPlan::new(2000, 100);
     let mut placements = Vec::new();
     for (header, windows) in live_steps() {
-        if header.ends_with("step 0") {
+        let first = header.ends_with("step 0");
+        if first {
             plan = BurstPlan::new(2000, 100);
             let from = windows[0].0 - 1000;
             let _ = burst_cut_as_from(&mut plan, &[128; 4], 7, &[100, 150, 120, 142], from, 50);
@@ -957,11 +959,7 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
             "{header}: {load:?}"
         );
         placements.push(pairs);
+        let most = if first { 21 } else { 19 };
+        assert!(pairs <= most, "{header}: {pairs}; so far {placements:?}");
     }
-    let over: Vec<&usize> = placements.iter().filter(|&&p| p > 19).collect();
-    assert!(over.len() <= 1, "placements per step: {placements:?}");
-    assert!(
-        over.iter().all(|&&p| p <= 21),
-        "placements per step: {placements:?}"
-    );
 }
