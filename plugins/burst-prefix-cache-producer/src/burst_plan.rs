@@ -36,9 +36,9 @@
 //!    requests (or lasted as long), a replica may run further over before it gets a new home
 //!    (and the new home as far), from [`URGENT_EXCESS`] at the start down to the ceiling: a
 //!    new home opened on early, noisy counts is often one the final sizes would not have
-//!    needed, and each costs a prefill. While new groups keep appearing at their usual spacing (prompts sent one
-//!    after the other), a replica may run up to one group ahead of the level: the next group
-//!    goes where the earlier ones left room.
+//!    needed, and each costs a prefill. While new groups keep appearing at their usual
+//!    spacing (prompts sent one after the other), a replica may run up to one group ahead of
+//!    the level: the next group goes where the earlier ones left room.
 //! 4. Each member goes to its group's replica furthest below its part of the members seen.
 //!
 //! Equal groups thus land whole, four to a replica when 32 meet 8 replicas, and a group splits
@@ -522,11 +522,10 @@ impl BurstPlan {
     /// previous one's requests and lasted less than it (a step of a training loop is much like
     /// the last): from [`URGENT_EXCESS`] at its start down to the ceiling's allowance at that
     /// point, so a burst that ends sooner than the last leaves a replica at most that far
-    /// over. `None`
-    /// (the ceiling alone) before a burst of two or more groups has ended, from that point on,
-    /// and in a window that brings nearly all of the burst so far and at least [`AT_ONCE`] of
-    /// the previous one's requests: a burst sent at once, whose counts are as good as they
-    /// get.
+    /// over. `None` (the ceiling alone) before a burst of two or more groups has ended, from
+    /// that point on, and in a window that brings nearly all of the burst so far and at least
+    /// [`AT_ONCE`] of the previous one's requests: a burst sent at once, whose counts are as
+    /// good as they get.
     fn new_homes_wait(&self, window_requests: u64) -> Option<f64> {
         let (requests, length_ms) = self.previous_burst?;
         let burst_requests = self.arrivals.saturating_sub(self.burst_from);
