@@ -935,12 +935,12 @@ fn live_steps() -> Vec<(String, Vec<LiveWindow>)> {
 fn the_live_steps_replayed_stay_within_the_placement_bound() {
     // Every step recorded live, replayed window by window at its recorded times through one
     // plan per round, as in `bench/bursts`: a step of 4 x 128 just before the first (here one
-    // sent over 50 ms; live two over 30 ms), then the two steps of shape 5. P + R - 1 = 19 per step. The
-    // first eight steps were recorded before new homes waited for the counts and made 17, 20,
-    // 17, 19, 21, 18, 20 and 20 placements live; the last eight after (21, 18, 18, 19 and 21,
-    // 18, 18, 17). Every replica must end within 10% of its share; every second step, with
-    // the sizes of the first to go by, within the bound; a first one, with no sizes to carry,
-    // at most two over it.
+    // sent over 50 ms; live two over 30 ms), then the two steps of shape 5. P + R - 1 = 19
+    // per step. The first eight steps were recorded before new homes waited for the counts
+    // and made 17, 20, 17, 19, 21, 18, 20 and 20 placements live; the last eight after (21,
+    // 18, 18, 19 and 21, 18, 18, 17). Every replica must end within 10% of its share; every
+    // second step, with the sizes of the first to go by, within the bound; a first one, with
+    // no sizes to carry, at most two over it.
     let mut plan = BurstPlan::new(2000, 100);
     let mut placements = Vec::new();
     for (header, windows) in live_steps() {
