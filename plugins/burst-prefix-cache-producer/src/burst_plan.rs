@@ -33,12 +33,13 @@
 //!    its largest group get a new home, on the least planned replica out of reach. A replica
 //!    below the floor while none is above the ceiling pulls from the most planned one along
 //!    shared groups. Until the burst has brought [`LATE_IN_BURST`] of the previous one's
-//!    requests (or lasted as long, when its groups follow that one's mix), a replica may run further over before it gets a new home
-//!    (and the new home as far), from [`URGENT_EXCESS`] at the start down to the ceiling: a
-//!    new home opened on early, noisy counts is often one the final sizes would not have
-//!    needed, and each costs a prefill. While new groups keep appearing at their usual
-//!    spacing (prompts sent one after the other), a replica may run up to one group ahead of
-//!    the level: the next group goes where the earlier ones left room.
+//!    requests (or lasted as long, when its groups follow that one's mix), a replica may run
+//!    further over before it gets a new home (and the new home as far), from
+//!    [`URGENT_EXCESS`] at the start down to the ceiling: a new home opened on early, noisy
+//!    counts is often one the final sizes would not have needed, and each costs a prefill.
+//!    While new groups keep appearing at their usual spacing (prompts sent one after the
+//!    other), a replica may run up to one group ahead of the level: the next group goes where
+//!    the earlier ones left room.
 //! 4. Each member goes to its group's replica furthest below its part of the members seen.
 //!
 //! Equal groups thus land whole, four to a replica when 32 meet 8 replicas, and a group splits
