@@ -903,7 +903,7 @@ fn a_stream_of_groups_that_never_pauses_keeps_a_bounded_prior() {
     );
 }
 
-/// Steps of `bench/bursts` shape 5 as they reached the router in four live runs of two rounds:
+/// Steps of `bench/bursts` shape 5 as they reached the router in five live runs of two rounds:
 /// for each step, `# run R step S`, then one line per window: the time it was placed (ms, on
 /// the router's clock) and the group of each of its requests in arrival order.
 const LIVE_STEPS: &str = include_str!("live_steps.txt");
@@ -937,8 +937,9 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
     // plan per round, as in `bench/bursts`: a step of 4 x 128 just before the first (here one
     // sent over 50 ms; live two over 30 ms), then the two steps of shape 5. P + R - 1 = 19
     // per step. The first eight steps were recorded before new homes waited for the counts
-    // and made 17, 20, 17, 19, 21, 18, 20 and 20 placements live; the last eight after (21,
-    // 18, 18, 19 and 21, 18, 18, 17). Every replica must end within 10% of its share; every
+    // and made 17, 20, 17, 19, 21, 18, 20 and 20 placements live; the last twelve after (21,
+    // 18, 18, 19; 21, 18, 18, 17; 19, 17, 21, 18). Every replica must end within 10% of its
+    // share; every
     // second step, with the sizes of the first to go by, within the bound; a first one, with
     // no sizes to carry, at most two over it.
     let mut plan = BurstPlan::new(2000, 100);
