@@ -33,10 +33,10 @@
 //!    its largest group get a new home, on the least planned replica out of reach. A replica
 //!    below the floor while none is above the ceiling pulls from the most planned one along
 //!    shared groups. Until the burst has brought [`LATE_IN_BURST`] of the previous one's
-//!    requests (or lasted as long, when its groups follow that one's mix), a replica may run
-//!    further over before it gets a new home (and the new home as far), from
-//!    [`URGENT_EXCESS`] at the start down to the ceiling: a new home opened on early, noisy
-//!    counts is often one the final sizes would not have needed, and each costs a prefill.
+//!    requests (or lasted as long), a replica may run further over before it gets a new home
+//!    (and the new home as far), from [`URGENT_EXCESS`] at the start down to the ceiling: a
+//!    new home opened on early, noisy counts is often one the final sizes would not have
+//!    needed, and each costs a prefill.
 //!    While new groups keep appearing at their usual spacing (prompts sent one after the
 //!    other), a replica may run up to one group ahead of the level: the next group goes where
 //!    the earlier ones left room.
@@ -480,9 +480,8 @@ impl BurstPlan {
         }
 
         let complete = self.groups_look_complete(burst_groups, replicas.len() as u64);
-        let alike = !estimate.prior.is_empty();
         let waiting = complete
-            .then(|| self.new_homes_wait(window_requests, alike))
+            .then(|| self.new_homes_wait(window_requests))
             .flatten();
         if complete {
             if self.groups_still_appearing() {
@@ -521,15 +520,14 @@ impl BurstPlan {
 
     /// How far over the level (a share of it) a replica may run before it gets a new home, and
     /// a new home may run, while the burst has brought less than [`LATE_IN_BURST`] of the
-    /// previous one's requests and, when `alike` (its groups follow the last one's mix of
-    /// sizes), lasted less than it (a step of a training loop is much like the last): from
-    /// [`URGENT_EXCESS`] at its start down to the ceiling's allowance at that point, so a
-    /// burst that ends sooner than the last leaves a replica at most that far over. `None`
-    /// (the ceiling alone) before a burst of two or more groups has ended, from that point on,
-    /// and in a window that brings nearly all of the burst so far and at least [`AT_ONCE`] of
-    /// the previous one's requests: a burst sent at once, whose counts are as good as they
-    /// get.
-    fn new_homes_wait(&self, window_requests: u64, alike: bool) -> Option<f64> {
+    /// previous one's requests and lasted less than it (a step of a training loop is much like
+    /// the last): from [`URGENT_EXCESS`] at its start down to the ceiling's allowance at that
+    /// point, so a burst that ends sooner than the last leaves a replica at most that far
+    /// over. `None` (the ceiling alone) before a burst of two or more groups has ended, from
+    /// that point on, and in a window that brings nearly all of the burst so far and at least
+    /// [`AT_ONCE`] of the previous one's requests: a burst sent at once, whose counts are as
+    /// good as they get.
+    fn new_homes_wait(&self, window_requests: u64) -> Option<f64> {
         let (requests, length_ms) = self.previous_burst?;
         let burst_requests = self.arrivals.saturating_sub(self.burst_from);
         let before_window = burst_requests.saturating_sub(window_requests);
@@ -541,14 +539,9 @@ impl BurstPlan {
         let by_requests = burst_requests as f64 / requests.max(1) as f64;
         let elapsed_ms = self.now_ms.saturating_sub(self.burst_from_ms);
         // By time, a burst is only as far as the late point once it has lasted as long as the
-        // last one (a client's spread and the windows' cuts vary from step to step), and only
-        // when its groups follow the last one's mix: after a burst of another shape, its length
-        // says nothing of this one's.
-        let by_time = if alike {
-            elapsed_ms as f64 / length_ms.max(1) as f64
-        } else {
-            0.0
-        };
+        // last one: a client's spread and the windows' cuts vary from step to step. Time also
+        // ends the wait for a step smaller than the last that takes as long.
+        let by_time = elapsed_ms as f64 / length_ms.max(1) as f64;
         let progress = by_requests.max(LATE_IN_BURST * by_time);
         (progress < LATE_IN_BURST)
             .then(|| URGENT_EXCESS - (URGENT_EXCESS - ALLOWANCE / 2.0) * progress / LATE_IN_BURST)

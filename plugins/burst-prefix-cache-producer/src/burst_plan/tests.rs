@@ -850,7 +850,7 @@ fn equal_groups_after_unequal_ones_are_taken_as_equal() {
 #[ignore]
 fn live_cuts_table() {
     let half: Vec<usize> = SHAPE_5.iter().map(|s| s / 2).collect();
-    let cases: [(&str, &[usize], &[usize], u64); 4] = [
+    let cases: [(&str, &[usize], &[usize], u64); 6] = [
         ("shape 5 after shape 5", &SHAPE_5, &SHAPE_5, STEP_SPREAD_MS),
         // The first unequal step of a series: the step before had equal groups.
         ("shape 5 after 4 x 128", &[128; 4], &SHAPE_5, STEP_SPREAD_MS),
@@ -863,6 +863,19 @@ fn live_cuts_table() {
         (
             "half of shape 5 at the same pace",
             &SHAPE_5,
+            &half,
+            STEP_SPREAD_MS / 2,
+        ),
+        // After a burst of another shape and twice the size, over the same time or faster.
+        (
+            "half of shape 5 after 4 x 128",
+            &[128; 4],
+            &half,
+            STEP_SPREAD_MS,
+        ),
+        (
+            "half of shape 5 after 4 x 128, at its pace",
+            &[128; 4],
             &half,
             STEP_SPREAD_MS / 2,
         ),
