@@ -65,17 +65,7 @@ pub fn hash_prompt_into(
     max_blocks: usize,
     out: &mut Vec<u64>,
 ) -> usize {
-    let count = block_count(tokens.len(), block_size, max_blocks);
-    if count == 0 {
-        return 0;
-    }
-    out.reserve(count);
-    let mut prev = seed;
-    for block in tokens.chunks(block_size).take(count) {
-        prev = chain(content_hash(block), prev);
-        out.push(prev);
-    }
-    count
+    chain_blocks_into(seed, tokens, block_size, max_blocks, content_hash, out)
 }
 
 /// Like [`hash_prompt_into`] (same blocks, same chaining, no block limit), but each block's
@@ -88,14 +78,35 @@ pub fn hash_prompt_local_into(
     block_size: usize,
     out: &mut Vec<u64>,
 ) -> usize {
-    let count = block_count(tokens.len(), block_size, usize::MAX);
+    chain_blocks_into(
+        seed,
+        tokens,
+        block_size,
+        usize::MAX,
+        local_content_hash,
+        out,
+    )
+}
+
+/// The chained hashes of at most `max_blocks` blocks of `block_size` tokens, each block's
+/// content hashed by `content`; see [`hash_prompt_into`].
+#[inline(always)]
+fn chain_blocks_into(
+    seed: u64,
+    tokens: &[u32],
+    block_size: usize,
+    max_blocks: usize,
+    content: impl Fn(&[u32]) -> u64,
+    out: &mut Vec<u64>,
+) -> usize {
+    let count = block_count(tokens.len(), block_size, max_blocks);
     if count == 0 {
         return 0;
     }
     out.reserve(count);
     let mut prev = seed;
-    for block in tokens.chunks(block_size) {
-        prev = chain(local_content_hash(block), prev);
+    for block in tokens.chunks(block_size).take(count) {
+        prev = chain(content(block), prev);
         out.push(prev);
     }
     count
