@@ -149,12 +149,10 @@ pub struct BurstPlan {
     now_ms: u64,
     /// When a group last had a second member: until `memory_ms` later a burst may be going on.
     last_burst_ms: Option<u64>,
-    /// Where (in `arrivals`) the current burst began, and when; when the plan last placed a
-    /// window; the sizes of the current burst's groups of two or more already forgotten; the
-    /// sizes of the previous burst's groups, largest first.
+    /// Where (in `arrivals`) the current burst began, and when; the sizes of its groups of two
+    /// or more already forgotten; the sizes of the previous burst's groups, largest first.
     burst_from: u64,
     burst_from_ms: u64,
-    placed_ms: u64,
     forgotten_sizes: Vec<usize>,
     previous_sizes: Vec<usize>,
     /// The requests the previous burst brought and how long they took to arrive, if a burst
@@ -275,7 +273,6 @@ impl BurstPlan {
             newest_group_from: 0,
             burst_from: 0,
             burst_from_ms: 0,
-            placed_ms: 0,
             previous_burst: None,
             forgotten_sizes: Vec::new(),
             previous_sizes: Vec::new(),
@@ -424,7 +421,6 @@ impl BurstPlan {
                 });
             self.end_burst(from, from_ms);
         }
-        self.placed_ms = now_ms;
 
         let estimate = SizeEstimate::of(self.active().map(|t| t.seen), &self.previous_sizes);
         let mut fleet = Fleet::new(replicas);
@@ -748,7 +744,8 @@ impl BurstPlan {
         let from = self.burst_from;
         let length = (
             window_from.saturating_sub(from),
-            self.placed_ms.saturating_sub(self.burst_from_ms),
+            // The latest window is still the previous one's last.
+            self.latest.at_ms.saturating_sub(self.burst_from_ms),
         );
         let mut sizes = std::mem::take(&mut self.forgotten_sizes);
         let room = PRIOR_GROUPS.saturating_sub(sizes.len());
