@@ -233,6 +233,12 @@ impl WindowView {
 }
 
 /// `x` to two decimals, for reading.
+/// [`SETTLED_EXCESS`] at `settled`, the share of the previous burst's requests this one has
+/// brought.
+fn settled_excess(settled: f64) -> f64 {
+    ALLOWANCE / 2.0 + (SETTLED_EXCESS - ALLOWANCE / 2.0) * settled
+}
+
 fn rounded(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
@@ -255,6 +261,13 @@ const URGENT_EXCESS: f64 = 0.3;
 /// The share of the previous burst's requests a burst's first window must bring for its
 /// corrections not to wait.
 const AT_ONCE: f64 = 0.4;
+
+/// How far over the level, as a share of it, a replica may end before it gets a new home,
+/// once the burst has brought as many requests as the previous one: its counts are then
+/// about its groups' final sizes, and an excess within the balance bound's 10% is not worth a
+/// prefill. Before that point the allowance grows from the ceiling's with the share of the
+/// previous burst's requests.
+const SETTLED_EXCESS: f64 = 0.08;
 
 /// Groups `BurstPlan::describe` lists, the most seen first.
 const DESCRIBED_GROUPS: usize = 64;
@@ -422,7 +435,9 @@ impl BurstPlan {
             self.end_burst(from, from_ms);
         }
 
-        let estimate = SizeEstimate::of(self.active().map(|t| t.seen), &self.previous_sizes);
+        let settled = self.share_of_previous();
+        let estimate =
+            SizeEstimate::of(self.active().map(|t| t.seen), &self.previous_sizes, settled);
         let mut fleet = Fleet::new(replicas);
         let mut sent = vec![0usize; replicas.len()];
         let (mut total, mut members_seen, mut weight_seen) = (0.0, 0usize, 0.0);
@@ -495,7 +510,8 @@ impl BurstPlan {
                     fleet.tolerate(group);
                 }
             }
-            self.rebalance(&mut fleet, &estimate, waiting);
+            let new_home_from = waiting.unwrap_or(0.0).max(settled_excess(settled));
+            self.rebalance(&mut fleet, &estimate, waiting, new_home_from);
         }
         self.latest.record(now_ms, groups, &fleet, &base);
         self.latest.new_homes_wait = waiting;
@@ -541,6 +557,17 @@ impl BurstPlan {
         let progress = by_requests.max(LATE_IN_BURST * by_time);
         (progress < LATE_IN_BURST)
             .then(|| URGENT_EXCESS - (URGENT_EXCESS - ALLOWANCE / 2.0) * progress / LATE_IN_BURST)
+    }
+
+    /// How much of the previous burst's requests this one has brought, at most all (none
+    /// without a previous burst): how close its counts are to its groups' final sizes, when
+    /// bursts are alike.
+    fn share_of_previous(&self) -> f64 {
+        let Some((requests, _)) = self.previous_burst else {
+            return 0.0;
+        };
+        let burst_requests = self.arrivals.saturating_sub(self.burst_from);
+        (burst_requests as f64 / requests.max(1) as f64).min(1.0)
     }
 
     /// The groups still arriving: their last member came within eight of their mean gaps
@@ -628,7 +655,13 @@ impl BurstPlan {
     /// below the floor while none is above the ceiling pulls from the most planned one, along
     /// shared groups only. A replica over the ceiling with nothing to move (loaded by other
     /// traffic) is passed over.
-    fn rebalance(&mut self, fleet: &mut Fleet<'_>, estimate: &SizeEstimate, waiting: Option<f64>) {
+    fn rebalance(
+        &mut self,
+        fleet: &mut Fleet<'_>,
+        estimate: &SizeEstimate,
+        waiting: Option<f64>,
+        new_home_from: f64,
+    ) {
         let floor = fleet.floor();
         if fleet
             .planned
@@ -639,12 +672,20 @@ impl BurstPlan {
         }
         let mut links = std::mem::take(&mut self.links);
         links.fill(self, fleet, estimate);
-        self.rebalance_along(&mut links, fleet, waiting);
+        self.rebalance_along(&mut links, fleet, waiting, new_home_from);
         self.links = links;
     }
 
-    /// The moves of [`BurstPlan::rebalance`], over `links` filled for this window.
-    fn rebalance_along(&mut self, links: &mut Links, fleet: &mut Fleet<'_>, waiting: Option<f64>) {
+    /// The moves of [`BurstPlan::rebalance`], over `links` filled for this window. A replica
+    /// over the level by `new_home_from` of it or less gets no new home, unless one below the
+    /// floor can be reached no other way (then only `waiting` holds it back).
+    fn rebalance_along(
+        &mut self,
+        links: &mut Links,
+        fleet: &mut Fleet<'_>,
+        waiting: Option<f64>,
+        new_home_from: f64,
+    ) {
         let n = fleet.replicas.len();
         let floor = fleet.floor();
         let mut passed = vec![false; n];
@@ -694,7 +735,12 @@ impl BurstPlan {
                 }
                 _ => {}
             }
-            if waiting.is_some_and(|share| excess <= share * fleet.level) {
+            let held = if stranded {
+                waiting.unwrap_or(0.0)
+            } else {
+                new_home_from
+            };
+            if excess <= held * fleet.level {
                 passed[over] = true;
                 continue;
             }
@@ -725,9 +771,11 @@ impl BurstPlan {
             // While new homes wait, the new one may run as far over the level as `over` may.
             let room = fleet.level + waiting.unwrap_or(0.0) * fleet.level - fleet.planned[target];
             let amount = load.min(excess).min(room);
-            // Half a member or less would only scatter single requests (and a group of two
-            // stays whole where it would even out one request).
-            if amount <= fleet.per_member / 2.0 || links.sizes[g] <= 0.0 {
+            // A new home gets only members still to come. Half a member or less would only
+            // scatter single requests (and a group of two stays whole where it would even out
+            // one request).
+            let received = amount.min(links.movable(&self.trails, g, k));
+            if received <= fleet.per_member / 2.0 || links.sizes[g] <= 0.0 {
                 passed[over] = true;
                 continue;
             }
@@ -1082,8 +1130,9 @@ struct SizeEstimate {
 
 impl SizeEstimate {
     /// The estimate for groups with `counts` members so far; `previous` holds the group sizes
-    /// of the previous burst, largest first (empty: none known).
-    fn of(counts: impl Iterator<Item = usize> + Clone, previous: &[usize]) -> Self {
+    /// of the previous burst, largest first (empty: none known), and `settled` how much of
+    /// that burst's requests this one has brought (0 to 1).
+    fn of(counts: impl Iterator<Item = usize> + Clone, previous: &[usize], settled: f64) -> Self {
         let mut sorted: Vec<usize> = counts.collect();
         let n = sorted.len();
         if n == 0 {
@@ -1097,6 +1146,10 @@ impl SizeEstimate {
         sorted.sort_unstable_by(|a, b| b.cmp(a));
         let seen = sorted.iter().sum::<usize>() as f64;
         let mean = seen / n as f64;
+        // A count's variance: about its mean (Poisson) at the start of a burst, and less the
+        // closer its members are to all arrived (a group's count when a share `settled` of
+        // its members came varies by its mean times 1 - `settled`).
+        let noise = mean * (1.0 - settled);
         // How far the counts spread around a prior.
         let spread = |prior: &[(usize, f64)]| {
             sorted
@@ -1125,15 +1178,15 @@ impl SizeEstimate {
                 i = j;
             }
             let by_rank_around = spread(&by_rank);
-            if by_rank_around + mean < around {
+            if by_rank_around + noise < around {
                 prior = by_rank;
                 around = by_rank_around;
             }
         }
-        // A count's variance is about its mean (Poisson): the spread around the prior beyond
-        // that is what the counts tell that the prior does not.
-        let kept = if around > mean {
-            (around - mean) / around
+        // The spread around the prior beyond a count's variance is what the counts tell that
+        // the prior does not.
+        let kept = if around > noise {
+            (around - noise) / around
         } else {
             0.0
         };

@@ -806,10 +806,12 @@ fn unequal_groups_like_the_previous_steps_are_sized_from_it() {
 fn the_first_unequal_step_waits_for_its_counts_too() {
     // Shape 5 after 4 x 128: no sizes to carry, but the step before still says how long a
     // step is. Opening new homes on the first counts: 178 of 600 steps over P + R − 1, 11
-    // out of balance.
+    // out of balance. Near its end the counts are near the final sizes: shrinking them as
+    // much as at its start left 16 of 600 out of balance, and opening a new home for any
+    // excess over the ceiling, however near the end, 84 over P + R − 1.
     let steps = second_step_over_live_cuts(&[128; 4], &SHAPE_5, 6, 40, STEP_SPREAD_MS);
-    steps.assert_over_bound_at_most(100);
-    steps.assert_out_of_balance_at_most(20);
+    steps.assert_over_bound_at_most(75);
+    steps.assert_out_of_balance_at_most(3);
 }
 
 #[test]
@@ -833,6 +835,18 @@ fn a_smaller_step_sent_at_the_same_pace_ends_near_balance() {
     let half: Vec<usize> = SHAPE_5.iter().map(|s| s / 2).collect();
     let steps = second_step_over_live_cuts(&SHAPE_5, &half, 6, 40, STEP_SPREAD_MS / 2);
     steps.assert_out_of_balance_at_most(25);
+}
+
+#[test]
+fn a_smaller_step_after_one_of_another_shape_ends_balanced() {
+    // Half of shape 5 after a step of 4 x 128 twice its size, over the same time: no sizes to
+    // carry, and the wait for new homes runs until the step has lasted as long as the last.
+    // As the step goes on, its counts are taken more and more as they are: shrunk towards
+    // their mean as much as at the start of a step, 203 of 600 such steps ended with a
+    // replica 4 or more off its 32 requests (182 with new homes opened at once).
+    let half: Vec<usize> = SHAPE_5.iter().map(|s| s / 2).collect();
+    let steps = second_step_over_live_cuts(&[128; 4], &half, 3, 40, STEP_SPREAD_MS);
+    steps.assert_out_of_balance_at_most(40);
 }
 
 #[test]
@@ -916,7 +930,7 @@ fn a_stream_of_groups_that_never_pauses_keeps_a_bounded_prior() {
     );
 }
 
-/// Steps of `bench/bursts` shape 5 as they reached the router in five live runs of two rounds:
+/// Steps of `bench/bursts` shape 5 as they reached the router in six live runs of two rounds:
 /// for each step, `# run R step S`, then one line per window: the time it was placed (ms, on
 /// the router's clock) and the group of each of its requests in arrival order.
 const LIVE_STEPS: &str = include_str!("live_steps.txt");
@@ -950,9 +964,10 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
     // plan per round, as in `bench/bursts`: a step of 4 x 128 just before the first (here one
     // sent over 50 ms; live two over 30 ms), then the two steps of shape 5. P + R - 1 = 19
     // per step. The first eight steps were recorded before new homes waited for the counts
-    // and made 17, 20, 17, 19, 21, 18, 20 and 20 placements live; the last twelve after (21,
-    // 18, 18, 19; 21, 18, 18, 17; 19, 17, 21, 18). Every replica must end within 10% of its
-    // share; every
+    // and made 17, 20, 17, 19, 21, 18, 20 and 20 placements live; the next twelve after (21,
+    // 18, 18, 19; 21, 18, 18, 17; 19, 17, 21, 18); the last four (17, 19; 17, 17) left a
+    // replica 57 of 64 in their first step, where a count's noise was taken to be as large at
+    // the step's end as at its start. Every replica must end within 10% of its share; every
     // second step, with the sizes of the first to go by, within the bound; a first one, with
     // no sizes to carry, at most two over it.
     let mut plan = BurstPlan::new(2000, 100);
