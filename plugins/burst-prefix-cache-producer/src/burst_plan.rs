@@ -182,6 +182,9 @@ struct WindowView {
     /// The excess over the level (a share of it) a replica could carry before a new home
     /// because the burst had not come far enough (see `new_homes_wait`).
     new_homes_wait: Option<f64>,
+    /// The excess over the level (a share of it) past which a replica got a new home in the
+    /// window; `None` when its groups did not look complete, so nothing split.
+    new_homes_from: Option<f64>,
 }
 
 impl WindowView {
@@ -227,6 +230,7 @@ impl WindowView {
             "groups": self.groups,
             "level": rounded(self.level),
             "newHomesWaitUpTo": self.new_homes_wait.map(rounded),
+            "newHomesFrom": self.new_homes_from.map(rounded),
             "replicas": replicas,
         })
     }
@@ -494,7 +498,8 @@ impl BurstPlan {
         let waiting = complete
             .then(|| self.new_homes_wait(window_requests))
             .flatten();
-        if complete {
+        let new_homes_from = complete.then(|| waiting.unwrap_or(0.0).max(settled_excess(settled)));
+        if let Some(new_homes_from) = new_homes_from {
             if self.groups_still_appearing() {
                 // One group, when groups are no larger than a quarter of the level or, in a
                 // lightly loaded fleet, than what a prompt alone may hold before it spreads;
@@ -510,11 +515,11 @@ impl BurstPlan {
                     fleet.tolerate(group);
                 }
             }
-            let new_home_from = waiting.unwrap_or(0.0).max(settled_excess(settled));
-            self.rebalance(&mut fleet, &estimate, waiting, new_home_from);
+            self.rebalance(&mut fleet, &estimate, waiting, new_homes_from);
         }
         self.latest.record(now_ms, groups, &fleet, &base);
         self.latest.new_homes_wait = waiting;
+        self.latest.new_homes_from = new_homes_from;
         if starts_burst {
             self.burst_start.clone_from(&self.latest);
         }
@@ -660,7 +665,7 @@ impl BurstPlan {
         fleet: &mut Fleet<'_>,
         estimate: &SizeEstimate,
         waiting: Option<f64>,
-        new_home_from: f64,
+        new_homes_from: f64,
     ) {
         let floor = fleet.floor();
         if fleet
@@ -672,19 +677,19 @@ impl BurstPlan {
         }
         let mut links = std::mem::take(&mut self.links);
         links.fill(self, fleet, estimate);
-        self.rebalance_along(&mut links, fleet, waiting, new_home_from);
+        self.rebalance_along(&mut links, fleet, waiting, new_homes_from);
         self.links = links;
     }
 
     /// The moves of [`BurstPlan::rebalance`], over `links` filled for this window. A replica
-    /// over the level by `new_home_from` of it or less gets no new home, unless one below the
+    /// over the level by `new_homes_from` of it or less gets no new home, unless one below the
     /// floor can be reached no other way (then only `waiting` holds it back).
     fn rebalance_along(
         &mut self,
         links: &mut Links,
         fleet: &mut Fleet<'_>,
         waiting: Option<f64>,
-        new_home_from: f64,
+        new_homes_from: f64,
     ) {
         let n = fleet.replicas.len();
         let floor = fleet.floor();
@@ -738,7 +743,7 @@ impl BurstPlan {
             let held = if stranded {
                 waiting.unwrap_or(0.0)
             } else {
-                new_home_from
+                new_homes_from
             };
             if excess <= held * fleet.level {
                 passed[over] = true;

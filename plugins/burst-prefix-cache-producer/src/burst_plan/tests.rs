@@ -992,3 +992,23 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
         assert!(pairs <= most, "{header}: {pairs}; so far {placements:?}");
     }
 }
+
+#[test]
+fn a_new_home_needs_a_larger_excess_as_a_step_nears_the_size_of_the_last() {
+    // A new home costs a prefill: once a step has brought as many requests as the last one,
+    // its counts are about its groups' sizes, and a replica up to 8% over the level (within
+    // the balance bound) keeps its groups whole. Without a previous step, 5%: the ceiling's.
+    let mut plan = BurstPlan::new(2000, 100);
+    let cuts = [150, 150, 112, 100];
+    let _ = burst_cut_as(&mut plan, &SHAPE_5, 3, &cuts);
+    let latest = &plan.describe()["latestWindow"];
+    assert_eq!(latest["newHomesFrom"], 0.05, "{latest}");
+    let _ = burst_cut_as_from(&mut plan, &SHAPE_5, 4, &cuts, 1000, STEP_SPREAD_MS);
+    let latest = &plan.describe()["latestWindow"];
+    assert_eq!(latest["newHomesFrom"], 0.08, "{latest}");
+    assert_eq!(
+        latest["newHomesWaitUpTo"],
+        serde_json::Value::Null,
+        "{latest}"
+    );
+}
