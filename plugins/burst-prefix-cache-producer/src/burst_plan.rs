@@ -9,7 +9,9 @@
 //!    and grow at rates proportional to their sizes, so their counts predict their final sizes
 //!    up to a common factor — but early counts are noisy. The estimate shrinks each count
 //!    towards the mean count by the share of the counts' spread that is noise (a Poisson
-//!    count's variance is its mean): equal groups (the samples of an RL step) are predicted
+//!    count's variance is its mean, and less the nearer the burst is to the previous one's
+//!    requests: a count when a share `s` of the members came varies by its mean times 1 − `s`):
+//!    equal groups (the samples of an RL step) are predicted
 //!    equal however unevenly their first members arrived, while truly unequal groups keep
 //!    their measured proportions. Estimates are relative: only their proportions are used.
 //!    When the previous burst's groups were unequal, their sizes are a second prior: the
@@ -36,7 +38,9 @@
 //!    requests (or lasted as long), a replica may run further over before it gets a new home
 //!    (and the new home as far), from [`URGENT_EXCESS`] at the start down to the ceiling: a
 //!    new home opened on early, noisy counts is often one the final sizes would not have
-//!    needed, and each costs a prefill.
+//!    needed, and each costs a prefill. As the burst nears the previous one's requests, the
+//!    excess that gets a new home grows from the ceiling's to [`SETTLED_EXCESS`], within the
+//!    balance bound (unless a replica below the floor can be reached no other way).
 //!    While new groups keep appearing at their usual spacing (prompts sent one after the
 //!    other), a replica may run up to one group ahead of the level: the next group goes where
 //!    the earlier ones left room.
