@@ -1155,10 +1155,13 @@ impl SizeEstimate {
         sorted.sort_unstable_by(|a, b| b.cmp(a));
         let seen = sorted.iter().sum::<usize>() as f64;
         let mean = seen / n as f64;
-        // A count's variance: about its mean (Poisson) at the start of a burst, and less the
-        // closer its members are to all arrived (a group's count when a share `settled` of
-        // its members came varies by its mean times 1 - `settled`).
-        let noise = mean * (1.0 - settled);
+        // A count's variance: its mean (Poisson) at the start of a burst, and less the closer
+        // the burst is to all its members (a count when a share `settled` of them came varies
+        // by its mean times 1 − `settled`). The spread of `n` counts measures that variance
+        // only to about √(2 / (n − 1)) of it, so it is taken two of those larger: equal groups
+        // whose counts spread a little more than expected still count as equal.
+        let margin = 1.0 + 2.0 * (2.0 / n.saturating_sub(1).max(1) as f64).sqrt();
+        let noise = (mean * (1.0 - settled) * margin).min(mean);
         // How far the counts spread around a prior.
         let spread = |prior: &[(usize, f64)]| {
             sorted

@@ -808,9 +808,9 @@ fn the_first_unequal_step_waits_for_its_counts_too() {
     // step is. Opening new homes on the first counts: 178 of 600 steps over P + R − 1, 11
     // out of balance. Near its end the counts are near the final sizes: shrinking them as
     // much as at its start left 16 of 600 out of balance, and opening a new home for any
-    // excess over the ceiling, however near the end, 84 over P + R − 1.
+    // excess over the ceiling, however near the end, 72 over P + R − 1.
     let steps = second_step_over_live_cuts(&[128; 4], &SHAPE_5, 6, 40, STEP_SPREAD_MS);
-    steps.assert_over_bound_at_most(75);
+    steps.assert_over_bound_at_most(65);
     steps.assert_out_of_balance_at_most(3);
 }
 
@@ -838,15 +838,26 @@ fn a_smaller_step_sent_at_the_same_pace_ends_near_balance() {
 }
 
 #[test]
-fn a_smaller_step_after_one_of_another_shape_ends_balanced() {
-    // Half of shape 5 after a step of 4 x 128 twice its size, over the same time: no sizes to
-    // carry, and the wait for new homes runs until the step has lasted as long as the last.
-    // As the step goes on, its counts are taken more and more as they are: shrunk towards
-    // their mean as much as at the start of a step, 203 of 600 such steps ended with a
-    // replica 4 or more off its 32 requests (182 with new homes opened at once).
-    let half: Vec<usize> = SHAPE_5.iter().map(|s| s / 2).collect();
-    let steps = second_step_over_live_cuts(&[128; 4], &half, 3, 40, STEP_SPREAD_MS);
-    steps.assert_out_of_balance_at_most(40);
+fn equal_groups_after_a_shorter_step_still_land_whole() {
+    // 32 × 16 over 250 ms after 32 × 16 over 30 ms, in windows of 1 to 40 requests: a count's
+    // noise fades as the step nears the last one's requests, but the spread of 32 counts is
+    // itself noisy, so equal groups are only taken as unequal when their counts spread more
+    // than twice that noise over the expected. Without that margin 33 of 200 such steps split
+    // a group; at once 32 × 16 over 8 replicas needs none.
+    for seed in 1..=100 {
+        let mut plan = BurstPlan::new(2000, 100);
+        let _ = burst_cut_as_from(&mut plan, &[16; 32], seed + 1000, &[512], 0, 30);
+        let mut next = switchyard_plugin_api::testing::numbers(seed + 77);
+        let mut cuts = Vec::new();
+        let mut left = 512;
+        while left > 0 {
+            let cut = (1 + next(40) as usize).min(left);
+            cuts.push(cut);
+            left -= cut;
+        }
+        let (load, pairs) = burst_cut_as_from(&mut plan, &[16; 32], seed, &cuts, 1000, 250);
+        assert_eq!((load, pairs), (vec![64; 8], 32), "order {seed}");
+    }
 }
 
 #[test]
