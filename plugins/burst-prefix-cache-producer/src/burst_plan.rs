@@ -478,6 +478,18 @@ impl BurstPlan {
         }
         fleet.set_level(&base, total, per_member);
 
+        let complete = self.groups_look_complete(burst_groups, replicas.len() as u64);
+        let waiting = complete
+            .then(|| self.new_homes_wait(window_requests))
+            .flatten();
+        let new_homes_from = complete.then(|| waiting.unwrap_or(0.0).max(settled_excess(settled)));
+        // With the previous burst's sizes to go by, a group found larger than a share is split
+        // when it is first placed, before the smaller groups fill in around it: split later,
+        // the replicas it overflows would each take a sliver of it.
+        let split_fresh_from = new_homes_from
+            .filter(|_| estimate.takes_prior())
+            .map(|share| (fleet.level * (1.0 + share)).max(fleet.ceiling));
+
         fresh.sort_by(|&a, &b| {
             let seen = |g: usize| self.trails[&groups[g].key].seen;
             seen(b).cmp(&seen(a)).then(a.cmp(&b))
@@ -496,13 +508,11 @@ impl BurstPlan {
             let target = cached.unwrap_or_else(|| fleet.least_planned());
             fleet.planned[target] += size;
             trail.shares.push(Share::new(replicas[target].id, 1.0, 0));
+            if let Some(most) = split_fresh_from {
+                split_fresh(trail, size, target, most, &mut fleet);
+            }
         }
 
-        let complete = self.groups_look_complete(burst_groups, replicas.len() as u64);
-        let waiting = complete
-            .then(|| self.new_homes_wait(window_requests))
-            .flatten();
-        let new_homes_from = complete.then(|| waiting.unwrap_or(0.0).max(settled_excess(settled)));
         if let Some(new_homes_from) = new_homes_from {
             if self.groups_still_appearing() {
                 // One group, when groups are no larger than a quarter of the level or, in a
@@ -839,6 +849,36 @@ impl BurstPlan {
             }
             kept
         });
+    }
+}
+
+/// Splits a group just placed whole on `target` (its only share, `size` its estimated load) while
+/// the replica it is on is planned above `most`: the part that brings that replica down to the
+/// level goes on to the least planned replica the group is not on yet.
+fn split_fresh(trail: &mut Trail, size: f64, mut target: usize, most: f64, fleet: &mut Fleet<'_>) {
+    if size <= 0.0 {
+        return;
+    }
+    for _ in 1..fleet.replicas.len() {
+        if fleet.planned[target] <= most {
+            return;
+        }
+        let on_group = |r: usize| trail.shares.iter().any(|s| fleet.position(s) == Some(r));
+        let Some(next) = (0..fleet.replicas.len())
+            .filter(|&r| !on_group(r))
+            .min_by(|&a, &b| fleet.order(a, b))
+        else {
+            return;
+        };
+        let overflow = (fleet.planned[target] - fleet.level).min(size);
+        let last = trail.shares.len() - 1;
+        trail.shares[last].part -= overflow / size;
+        trail
+            .shares
+            .push(Share::new(fleet.replicas[next].id, overflow / size, 0));
+        fleet.planned[target] -= overflow;
+        fleet.planned[next] += overflow;
+        target = next;
     }
 }
 
@@ -1203,6 +1243,11 @@ impl SizeEstimate {
             0.0
         };
         SizeEstimate { prior, mean, kept }
+    }
+
+    /// Whether the counts were found to follow the previous burst's sizes.
+    fn takes_prior(&self) -> bool {
+        !self.prior.is_empty()
     }
 
     fn lookup(prior: &[(usize, f64)], count: usize, otherwise: f64) -> f64 {

@@ -795,10 +795,13 @@ fn unequal_groups_like_the_previous_steps_are_sized_from_it() {
     // new groups' sizes better than their first counts do (without that prior: 11 of 600
     // orders out of balance), and its length tells how far the new step has come: until 70%
     // of it, a replica may run further over the level before it gets a new home. With new
-    // homes opened on the first noisy counts, 166 of 600 steps went over P + R − 1.
+    // homes opened on the first noisy counts, 166 of 600 steps went over P + R − 1. A group
+    // the prior says is larger than a share splits when it is first placed, before smaller
+    // groups fill in around it: split only once its replica is over, 17.7 placements a step
+    // and 41 of 600 steps over P + R − 1.
     let steps = second_step_over_live_cuts(&SHAPE_5, &SHAPE_5, 6, 40, STEP_SPREAD_MS);
-    assert!(steps.placements <= 18.2, "{} placements", steps.placements);
-    steps.assert_over_bound_at_most(80);
+    assert!(steps.placements <= 17.0, "{} placements", steps.placements);
+    steps.assert_over_bound_at_most(25);
     steps.assert_out_of_balance_at_most(3);
 }
 
@@ -941,7 +944,8 @@ fn a_stream_of_groups_that_never_pauses_keeps_a_bounded_prior() {
     );
 }
 
-/// Steps of `bench/bursts` shape 5 as they reached the router in six live runs of two rounds:
+/// Steps of `bench/bursts` shape 5 as they reached the router in eight live runs of two or
+/// four rounds:
 /// for each step, `# run R step S`, then one line per window: the time it was placed (ms, on
 /// the router's clock) and the group of each of its requests in arrival order.
 const LIVE_STEPS: &str = include_str!("live_steps.txt");
@@ -974,13 +978,17 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
     // Every step recorded live, replayed window by window at its recorded times through one
     // plan per round, as in `bench/bursts`: a step of 4 x 128 just before the first (here one
     // sent over 50 ms; live two over 30 ms), then the two steps of shape 5. P + R - 1 = 19
-    // per step. The first eight steps were recorded before new homes waited for the counts
-    // and made 17, 20, 17, 19, 21, 18, 20 and 20 placements live; the next twelve after (21,
-    // 18, 18, 19; 21, 18, 18, 17; 19, 17, 21, 18); the last four (17, 19; 17, 17) left a
-    // replica 57 of 64 in their first step, where a count's noise was taken to be as large at
-    // the step's end as at its start. Every replica must end within 10% of its share; every
-    // second step, with the sizes of the first to go by, within the bound; a first one, with
-    // no sizes to carry, at most two over it.
+    // per step. Placements live, by when the steps were recorded:
+    // - before new homes waited for the counts: 17, 20, 17, 19, 21, 18, 20, 20;
+    // - after: 21, 18, 18, 19; 21, 18, 18, 17; 19, 17, 21, 18;
+    // - while a count's noise was as large at a step's end as at its start: 17, 19; 17, 17
+    //   (the first left a replica at 57 of 64);
+    // - after it faded: 17, 17; 17, 17; 17, 17; 17, 17 and 17, 22; 20, 18; 17, 20; 17, 17 (the
+    //   22 and 20s after first windows of 40–65% of a step, balanced at once with slivers of
+    //   its largest groups, before a group the prior says is larger than a share split when
+    //   first placed).
+    // Every replica must end within 10% of its share; every second step, with the sizes of the
+    // first to go by, within the bound; a first one, with no sizes to carry, at most two over.
     let mut plan = BurstPlan::new(2000, 100);
     let mut placements = Vec::new();
     for (header, windows) in live_steps() {
