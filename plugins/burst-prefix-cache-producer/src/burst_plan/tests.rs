@@ -983,7 +983,7 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
     // - after: 21, 18, 18, 19; 21, 18, 18, 17; 19, 17, 21, 18;
     // - while a count's noise was as large at a step's end as at its start: 17, 19; 17, 17
     //   (the first left a replica at 57 of 64);
-    // - after it faded: 17, 17; 17, 17; 17, 17; 17, 17 and 17, 22; 20, 18; 17, 20; 17, 17 (the
+    // - after it faded: 17, 17; 19, 17; 17, 17; 17, 17 and 17, 22; 20, 18; 17, 20; 17, 17 (the
     //   22 and 20s after first windows of 40–65% of a step, balanced at once with slivers of
     //   its largest groups, before a group the prior says is larger than a share split when
     //   first placed).
