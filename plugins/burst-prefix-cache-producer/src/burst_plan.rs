@@ -571,8 +571,13 @@ impl BurstPlan {
         let elapsed_ms = self.now_ms.saturating_sub(self.burst_from_ms);
         // By time, a burst is only as far as the late point once it has lasted as long as the
         // last one: a client's spread and the windows' cuts vary from step to step. Time also
-        // ends the wait for a step smaller than the last that takes as long.
-        let by_time = elapsed_ms as f64 / length_ms.max(1) as f64;
+        // ends the wait for a step smaller than the last that takes as long. A last burst that
+        // reached the router in one window has no length to go by.
+        let by_time = if length_ms == 0 {
+            0.0
+        } else {
+            elapsed_ms as f64 / length_ms as f64
+        };
         let progress = by_requests.max(LATE_IN_BURST * by_time);
         (progress < LATE_IN_BURST)
             .then(|| URGENT_EXCESS - (URGENT_EXCESS - ALLOWANCE / 2.0) * progress / LATE_IN_BURST)
