@@ -997,7 +997,7 @@ fn a_stream_of_groups_that_never_pauses_keeps_a_bounded_prior() {
     );
 }
 
-/// Steps of `bench/bursts` shape 5 as they reached the router in nine live runs of two or
+/// Steps of `bench/bursts` shape 5 as they reached the router in ten live runs of two or
 /// four rounds:
 /// for each step, `# run R step S`, then one line per window: the time it was placed (ms, on
 /// the router's clock) and the group of each of its requests in arrival order.
@@ -1041,8 +1041,9 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
     //   its largest groups, before a group the prior says is larger than a share split when
     //   first placed);
     // - after that: 24, 19; 17, 19; 17, 20; 17, 20 (a first step in 17 windows; the 20s after
-    //   a step in one window, whose length of zero ended the wait for new homes at once).
-    // Every replica must end within 10% of its share. Over the bound: at most one second step
+    //   a step in one window, whose length of zero ended the wait for new homes at once);
+    // - after a step in one window no longer did: 17, 14; 18, 19; 19, 20; 17, 17.
+    // Every replica must end within 10% of its share. Over the bound: at most two second steps
     // (with the sizes of the first to go by), by one, and five first steps (no sizes to
     // carry), by at most four.
     let mut plan = BurstPlan::new(2000, 100);
@@ -1071,7 +1072,7 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
     let over = |steps: &[usize]| steps.iter().filter(|&&p| p > 19).count();
     let most = |steps: &[usize]| steps.iter().copied().max().unwrap_or(0);
     assert!(
-        over(&seconds) <= 1 && most(&seconds) <= 20,
+        over(&seconds) <= 2 && most(&seconds) <= 20,
         "second steps: {seconds:?}"
     );
     assert!(
