@@ -23,7 +23,10 @@
 //!    (estimated sizes times parts), largest first — or, when the cache estimate says some
 //!    replicas already hold its whole prompt (its first member went there before the plan
 //!    took note, or the prompt is simply cached), to the least planned of those: anywhere
-//!    else would prefill it again, and step 3 still splits it if balance needs that.
+//!    else would prefill it again, and step 3 still splits it if balance needs that. When the
+//!    counts follow the previous burst's sizes and the groups look complete, a group that
+//!    takes its replica past what step 3 would allow is split there and then, its excess on
+//!    the next least planned replica, before the smaller groups fill in around it.
 //! 3. Once the burst's groups seem all known (`groups_look_complete`), a replica planned above
 //!    the level by more than half of [`ALLOWANCE`] (or one request) sheds load to replicas
 //!    below the level. It first does so along the groups that already have homes on several
