@@ -10,7 +10,8 @@
 //!    up to a common factor — but early counts are noisy. The estimate shrinks each count
 //!    towards the mean count by the share of the counts' spread that is noise (a Poisson
 //!    count's variance is its mean, and less the nearer the burst is to the previous one's
-//!    requests: a count when a share `s` of the members came varies by its mean times 1 − `s`):
+//!    requests, unless new groups keep appearing: a count when a share `s` of the members
+//!    came varies by its mean times 1 − `s`):
 //!    equal groups (the samples of an RL step) are predicted
 //!    equal however unevenly their first members arrived, while truly unequal groups keep
 //!    their measured proportions. Estimates are relative: only their proportions are used.
@@ -446,7 +447,13 @@ impl BurstPlan {
             self.end_burst(from, from_ms);
         }
 
-        let settled = self.share_of_previous();
+        // While new groups keep appearing (prompts sent one after the other) a count is no
+        // sample of its group's size: the newest group has only begun.
+        let settled = if self.groups_still_appearing() {
+            0.0
+        } else {
+            self.share_of_previous()
+        };
         let estimate =
             SizeEstimate::of(self.active().map(|t| t.seen), &self.previous_sizes, settled);
         let mut fleet = Fleet::new(replicas);

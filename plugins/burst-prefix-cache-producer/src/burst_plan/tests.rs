@@ -560,6 +560,35 @@ fn groups_sent_prompt_by_prompt_land_whole_and_balanced() {
 }
 
 #[test]
+fn a_step_sent_prompt_by_prompt_after_a_small_burst_lands_whole() {
+    // A burst of two small groups, then 32 × 16 prompt by prompt over 250 ms in windows of up
+    // to 40: the step soon has more requests than the small burst, but the counts of prompts
+    // still arriving one after the other say nothing of their sizes. Taken as final sizes
+    // once the step passed the small burst's requests, 9 of 100 orders split a prompt.
+    let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
+    for seed in 1..=100u64 {
+        let mut plan = BurstPlan::new(2000, 100);
+        let key = |g: usize| GroupKey {
+            blocks: 4,
+            digest: g as u64 + 1000,
+        };
+        place_window(&mut plan, 1000, &[0, 1, 0, 1, 0, 1], key, &ids, &[0; 8]);
+        let arrivals: Vec<usize> = (0..512).map(|i| i / 16).collect();
+        let mut next = switchyard_plugin_api::testing::numbers(seed);
+        let mut windows = Vec::new();
+        let (mut at, mut now) = (0, 3000);
+        while at < arrivals.len() {
+            let cut = (1 + next(40) as usize).min(arrivals.len() - at);
+            at += cut;
+            now = (3000 + 250 * at as u64 / 512).max(now + 1);
+            windows.push((now, &arrivals[at - cut..at]));
+        }
+        let (load, pairs) = place_timed_windows(&mut plan, seed, windows);
+        assert_eq!((load, pairs), (vec![64; 8], 32), "order {seed}");
+    }
+}
+
+#[test]
 fn a_replica_over_the_ceiling_is_relieved_even_when_its_groups_other_homes_are_full() {
     // A group split early keeps a home on a replica that later fills up to the level; a
     // replica the group overloads must then hand the surplus to the least planned replica,
