@@ -443,13 +443,15 @@ async def fetch_decisions(session, admin, ids):
 
 async def fetch_burst_plan(session, admin):
     """The burst producer's view of the step's first window (`burstStart` of its state):
-    what each replica carried then and what the plan put on it."""
+    what each replica carried then and what the plan put on it; and the burst before the
+    step (`previousBurst`), which the step's progress was measured against."""
     text, error = await admin_get(session, admin, "/plugins/state")
     if error:
         return error
     for state in json.loads(text).values():
         if isinstance(state, dict) and isinstance(state.get("plan"), dict):
             return {"burstStart": state["plan"].get("burstStart"),
+                    "previousBurst": state["plan"].get("previousBurst"),
                     "groupsRemembered": state["plan"].get("groupsRemembered")}
     return None
 
