@@ -11,10 +11,9 @@
 //!    towards the mean count by the share of the counts' spread that is noise (a Poisson
 //!    count's variance is its mean, and less the nearer the burst is to the previous one's
 //!    requests, unless new groups keep appearing: a count when a share `s` of the members
-//!    came varies by its mean times 1 − `s`):
-//!    equal groups (the samples of an RL step) are predicted
-//!    equal however unevenly their first members arrived, while truly unequal groups keep
-//!    their measured proportions. Estimates are relative: only their proportions are used.
+//!    came varies by its mean times 1 − `s`): equal groups (the samples of an RL step) are
+//!    predicted equal however unevenly their first members arrived, while truly unequal groups
+//!    keep their measured proportions. Estimates are relative: only their proportions are used.
 //!    When the previous burst's groups were unequal, their sizes are a second prior: the
 //!    group with the k-th most members so far is expected to be as large, in proportion, as
 //!    the previous burst's k-th largest. The counts take it when they spread around it less
@@ -244,13 +243,13 @@ impl WindowView {
     }
 }
 
-/// `x` to two decimals, for reading.
 /// [`SETTLED_EXCESS`] at `settled`, the share of the previous burst's requests this one has
 /// brought.
 fn settled_excess(settled: f64) -> f64 {
     ALLOWANCE / 2.0 + (SETTLED_EXCESS - ALLOWANCE / 2.0) * settled
 }
 
+/// `x` to two decimals, for reading.
 fn rounded(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
