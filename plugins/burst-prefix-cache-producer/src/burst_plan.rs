@@ -112,6 +112,29 @@ struct Trail {
     shares: Vec<Share>,
 }
 
+impl Trail {
+    /// Moves `part` of the group from its share `k` to its share on replica `target` of
+    /// `fleet`, opening that share when there is none; returns the share's index.
+    fn hand_over(&mut self, k: usize, target: usize, part: f64, fleet: &Fleet<'_>) -> usize {
+        self.shares[k].part = (self.shares[k].part - part).max(0.0);
+        match self
+            .shares
+            .iter()
+            .position(|s| fleet.position(s) == Some(target))
+        {
+            Some(kb) => {
+                self.shares[kb].part += part;
+                kb
+            }
+            None => {
+                self.shares
+                    .push(Share::new(fleet.replicas[target].id, part, 0));
+                self.shares.len() - 1
+            }
+        }
+    }
+}
+
 /// A group's part on one replica.
 #[derive(Debug)]
 struct Share {
@@ -448,7 +471,8 @@ impl BurstPlan {
 
         // While new groups keep appearing (prompts sent one after the other) a count is no
         // sample of its group's size: the newest group has only begun.
-        let settled = if self.groups_still_appearing() {
+        let still_appearing = self.groups_still_appearing();
+        let settled = if still_appearing {
             0.0
         } else {
             self.share_of_previous()
@@ -523,7 +547,7 @@ impl BurstPlan {
         }
 
         if let Some(new_homes_from) = new_homes_from {
-            if self.groups_still_appearing() {
+            if still_appearing {
                 // One group, when groups are no larger than a quarter of the level or, in a
                 // lightly loaded fleet, than what a prompt alone may hold before it spreads;
                 // larger groups split as soon as balance needs it. Until the burst has four
@@ -569,14 +593,14 @@ impl BurstPlan {
     /// good as they get.
     fn new_homes_wait(&self, window_requests: u64) -> Option<f64> {
         let (requests, length_ms) = self.previous_burst?;
-        let burst_requests = self.arrivals.saturating_sub(self.burst_from);
+        let burst_requests = self.burst_requests();
         let before_window = burst_requests.saturating_sub(window_requests);
         if before_window * 10 < window_requests
             && window_requests as f64 >= AT_ONCE * requests as f64
         {
             return None;
         }
-        let by_requests = burst_requests as f64 / requests.max(1) as f64;
+        let by_requests = self.share_of_previous();
         let elapsed_ms = self.now_ms.saturating_sub(self.burst_from_ms);
         // By time, a burst is only as far as the late point once it has lasted as long as the
         // last one: a client's spread and the windows' cuts vary from step to step. Time also
@@ -599,8 +623,12 @@ impl BurstPlan {
         let Some((requests, _)) = self.previous_burst else {
             return 0.0;
         };
-        let burst_requests = self.arrivals.saturating_sub(self.burst_from);
-        (burst_requests as f64 / requests.max(1) as f64).min(1.0)
+        (self.burst_requests() as f64 / requests.max(1) as f64).min(1.0)
+    }
+
+    /// The requests of the current burst so far.
+    fn burst_requests(&self) -> u64 {
+        self.arrivals.saturating_sub(self.burst_from)
     }
 
     /// The groups still arriving: their last member came within eight of their mean gaps
@@ -873,6 +901,7 @@ fn split_fresh(trail: &mut Trail, size: f64, mut target: usize, most: f64, fleet
     if size <= 0.0 {
         return;
     }
+    let mut k = trail.shares.len() - 1;
     for _ in 1..fleet.replicas.len() {
         if fleet.planned[target] <= most {
             return;
@@ -884,12 +913,8 @@ fn split_fresh(trail: &mut Trail, size: f64, mut target: usize, most: f64, fleet
         else {
             return;
         };
-        let overflow = (fleet.planned[target] - fleet.level).min(size);
-        let last = trail.shares.len() - 1;
-        trail.shares[last].part -= overflow / size;
-        trail
-            .shares
-            .push(Share::new(fleet.replicas[next].id, overflow / size, 0));
+        let overflow = (fleet.planned[target] - fleet.level).min(trail.shares[k].part * size);
+        k = trail.hand_over(k, next, overflow / size, fleet);
         fleet.planned[target] -= overflow;
         fleet.planned[next] += overflow;
         target = next;
@@ -1066,24 +1091,7 @@ impl Links {
         let Some(trail) = trails.get_mut(&self.keys[g]) else {
             return;
         };
-        let part = amount / self.sizes[g];
-        trail.shares[k].part = (trail.shares[k].part - part).max(0.0);
-        let kb = match trail
-            .shares
-            .iter()
-            .position(|s| fleet.position(s) == Some(target))
-        {
-            Some(kb) => {
-                trail.shares[kb].part += part;
-                kb
-            }
-            None => {
-                trail
-                    .shares
-                    .push(Share::new(fleet.replicas[target].id, part, 0));
-                trail.shares.len() - 1
-            }
-        };
+        let kb = trail.hand_over(k, target, amount / self.sizes[g], fleet);
         if self.share_on(g, target).is_none() {
             self.homes[g].push((target, kb));
             self.on[target].push(g);
