@@ -43,7 +43,12 @@
 //!    new home opened on early, noisy counts is often one the final sizes would not have
 //!    needed, and each costs a prefill. As the burst nears the previous one's requests, the
 //!    excess that gets a new home grows from the ceiling's to [`SETTLED_EXCESS`], within the
-//!    balance bound (unless a replica below the floor can be reached no other way).
+//!    balance bound (unless a replica below the floor can be reached no other way). A new home
+//!    on a replica the group already reaches through other shared groups, none able to carry
+//!    more, closes a cycle of groups and replicas: while groups and replicas linked by
+//!    placements form a forest, the placements stay within P + R − 1, and each cycle is one
+//!    more. Such a home waits until a replica would otherwise end outside the balance bound
+//!    (over the level, or the replica meant to relieve it under, by [`CYCLE_EXCESS`]).
 //!    While new groups keep appearing at their usual spacing (prompts sent one after the
 //!    other), a replica may run up to one group ahead of the level: the next group goes where
 //!    the earlier ones left room.
@@ -209,12 +214,9 @@ struct WindowView {
     carried: Vec<u64>,
     unexplained: Vec<f64>,
     planned: Vec<f64>,
-    /// The excess over the level (a share of it) a replica could carry before a new home
-    /// because the burst had not come far enough (see `new_homes_wait`).
-    new_homes_wait: Option<f64>,
-    /// The excess over the level (a share of it) past which a replica got a new home in the
-    /// window; `None` when its groups did not look complete, so nothing split.
-    new_homes_from: Option<f64>,
+    /// When a replica got a new home in the window; `None` when its groups did not look
+    /// complete, so nothing split.
+    new_homes: Option<NewHomes>,
 }
 
 impl WindowView {
@@ -259,17 +261,40 @@ impl WindowView {
             "requests": self.requests,
             "groups": self.groups,
             "level": rounded(self.level),
-            "newHomesWaitUpTo": self.new_homes_wait.map(rounded),
-            "newHomesFrom": self.new_homes_from.map(rounded),
+            "newHomesWaitUpTo": self.new_homes.and_then(|h| h.waiting).map(rounded),
+            "newHomesFrom": self.new_homes.map(|h| rounded(h.from)),
+            "cycleHomesFrom": self.new_homes.map(|h| rounded(h.closing_cycle)),
             "replicas": replicas,
         })
     }
 }
 
-/// [`SETTLED_EXCESS`] at `settled`, the share of the previous burst's requests this one has
-/// brought.
-fn settled_excess(settled: f64) -> f64 {
-    ALLOWANCE / 2.0 + (SETTLED_EXCESS - ALLOWANCE / 2.0) * settled
+/// How far a replica may run over the level, as a share of it, before it gets a new home for
+/// part of a group.
+#[derive(Debug, Clone, Copy)]
+struct NewHomes {
+    /// While new homes wait for the counts (see [`BurstPlan::new_homes_wait`]): how far over
+    /// a replica, and its new home, may run meanwhile.
+    waiting: Option<f64>,
+    /// The excess that gets a new home.
+    from: f64,
+    /// The excess, or the shortfall of the replica meant to relieve it, that gets a new home
+    /// closing a cycle (see [`CYCLE_EXCESS`]).
+    closing_cycle: f64,
+}
+
+impl NewHomes {
+    /// The allowances once the burst has brought `settled` of the previous one's requests:
+    /// each grows from the ceiling's towards its settled value, as the counts near the
+    /// groups' sizes.
+    fn at(waiting: Option<f64>, settled: f64) -> Self {
+        let grown = |to: f64| ALLOWANCE / 2.0 + (to - ALLOWANCE / 2.0) * settled;
+        NewHomes {
+            waiting,
+            from: waiting.unwrap_or(0.0).max(grown(SETTLED_EXCESS)),
+            closing_cycle: grown(CYCLE_EXCESS),
+        }
+    }
 }
 
 /// `x` to two decimals, for reading.
@@ -302,6 +327,17 @@ const AT_ONCE: f64 = 0.4;
 /// prefill. Before that point the allowance grows from the ceiling's with the share of the
 /// previous burst's requests.
 const SETTLED_EXCESS: f64 = 0.08;
+
+/// How far over the level a replica must run, or under it the replica meant to relieve it,
+/// as a share of the level, before a new home closes a cycle of groups and replicas (its group
+/// already joins the two through groups with homes on both, none able to carry more), once the
+/// burst has brought as many requests as the previous one: the balance bound's 10%. Groups and
+/// replicas linked by placements keep those within P + R − 1 as long as they form a forest; a
+/// cycle is a placement beyond that, worth it only to keep a replica within the bound. Before
+/// that point the allowance grows from the ceiling's with the share of the previous burst's
+/// requests: early counts cannot tell a replica that will end far from its share from one
+/// that will end near it.
+const CYCLE_EXCESS: f64 = 0.1;
 
 /// Groups `BurstPlan::describe` lists, the most seen first.
 const DESCRIBED_GROUPS: usize = 64;
@@ -515,13 +551,13 @@ impl BurstPlan {
         let waiting = complete
             .then(|| self.new_homes_wait(window_requests))
             .flatten();
-        let new_homes_from = complete.then(|| waiting.unwrap_or(0.0).max(settled_excess(settled)));
+        let new_homes = complete.then(|| NewHomes::at(waiting, settled));
         // With the previous burst's sizes to go by, a group found larger than a share is split
         // when it is first placed, before the smaller groups fill in around it: split later,
         // the replicas it overflows would each take a sliver of it.
-        let split_fresh_from = new_homes_from
+        let split_fresh_from = new_homes
             .filter(|_| estimate.takes_prior())
-            .map(|share| (fleet.level * (1.0 + share)).max(fleet.ceiling));
+            .map(|homes| (fleet.level * (1.0 + homes.from)).max(fleet.ceiling));
 
         fresh.sort_by(|&a, &b| {
             let seen = |g: usize| self.trails[&groups[g].key].seen;
@@ -546,7 +582,7 @@ impl BurstPlan {
             }
         }
 
-        if let Some(new_homes_from) = new_homes_from {
+        if let Some(new_homes) = new_homes {
             if still_appearing {
                 // One group, when groups are no larger than a quarter of the level or, in a
                 // lightly loaded fleet, than what a prompt alone may hold before it spreads;
@@ -562,11 +598,10 @@ impl BurstPlan {
                     fleet.tolerate(group);
                 }
             }
-            self.rebalance(&mut fleet, &estimate, waiting, new_homes_from);
+            self.rebalance(&mut fleet, &estimate, new_homes);
         }
         self.latest.record(now_ms, groups, &fleet, &base);
-        self.latest.new_homes_wait = waiting;
-        self.latest.new_homes_from = new_homes_from;
+        self.latest.new_homes = new_homes;
         if starts_burst {
             self.burst_start.clone_from(&self.latest);
         }
@@ -716,13 +751,7 @@ impl BurstPlan {
     /// below the floor while none is above the ceiling pulls from the most planned one, along
     /// shared groups only. A replica over the ceiling with nothing to move (loaded by other
     /// traffic) is passed over.
-    fn rebalance(
-        &mut self,
-        fleet: &mut Fleet<'_>,
-        estimate: &SizeEstimate,
-        waiting: Option<f64>,
-        new_homes_from: f64,
-    ) {
+    fn rebalance(&mut self, fleet: &mut Fleet<'_>, estimate: &SizeEstimate, new_homes: NewHomes) {
         let floor = fleet.floor();
         if fleet
             .planned
@@ -733,20 +762,16 @@ impl BurstPlan {
         }
         let mut links = std::mem::take(&mut self.links);
         links.fill(self, fleet, estimate);
-        self.rebalance_along(&mut links, fleet, waiting, new_homes_from);
+        self.rebalance_along(&mut links, fleet, new_homes);
         self.links = links;
     }
 
     /// The moves of [`BurstPlan::rebalance`], over `links` filled for this window. A replica
-    /// over the level by `new_homes_from` of it or less gets no new home, unless one below the
-    /// floor can be reached no other way (then only `waiting` holds it back).
-    fn rebalance_along(
-        &mut self,
-        links: &mut Links,
-        fleet: &mut Fleet<'_>,
-        waiting: Option<f64>,
-        new_homes_from: f64,
-    ) {
+    /// over the level by `new_homes.from` of it or less gets no new home, unless one below the
+    /// floor can be reached no other way (then only `new_homes.waiting` holds it back); a new
+    /// home that closes a cycle needs `new_homes.closing_cycle` of excess or shortfall.
+    fn rebalance_along(&mut self, links: &mut Links, fleet: &mut Fleet<'_>, new_homes: NewHomes) {
+        let waiting = new_homes.waiting;
         let n = fleet.replicas.len();
         let floor = fleet.floor();
         let mut passed = vec![false; n];
@@ -796,15 +821,6 @@ impl BurstPlan {
                 }
                 _ => {}
             }
-            let held = if stranded {
-                waiting.unwrap_or(0.0)
-            } else {
-                new_homes_from
-            };
-            if excess <= held * fleet.level {
-                passed[over] = true;
-                continue;
-            }
             // A new home: the largest group on `over`, to the least planned replica out of
             // reach.
             let largest = links.on[over]
@@ -823,8 +839,31 @@ impl BurstPlan {
                         .then_with(|| links.keys[b.0].cmp(&links.keys[a.0]))
                 });
             let outside = (0..n)
-                .filter(|&r| !reached(r))
+                .filter(|&r| links.width[r] <= fleet.per_member / 2.0)
                 .min_by(|&a, &b| fleet.order(a, b));
+            let held = if stranded {
+                waiting.unwrap_or(0.0)
+            } else {
+                new_homes.from
+            };
+            // A new home on a replica `over` is already joined to closes a cycle: it costs a
+            // placement a tree of groups and replicas would not, and only keeping a replica
+            // within the balance bound is worth that.
+            let held = match outside {
+                Some(target) if links.joined_from(over, target) => {
+                    let deficit = fleet.level - fleet.planned[target];
+                    if stranded && deficit > new_homes.closing_cycle * fleet.level {
+                        held
+                    } else {
+                        held.max(new_homes.closing_cycle)
+                    }
+                }
+                _ => held,
+            };
+            if excess <= held * fleet.level {
+                passed[over] = true;
+                continue;
+            }
             let (Some((g, k, load)), Some(target)) = (largest, outside) else {
                 passed[over] = true;
                 continue;
@@ -973,6 +1012,8 @@ struct Links {
     done: Vec<bool>,
     /// The search's replicas reached and not done yet.
     frontier: Vec<usize>,
+    /// The replicas the last [`Links::joined_from`] found connected to its source.
+    joined: Vec<bool>,
 }
 
 impl Links {
@@ -1062,6 +1103,27 @@ impl Links {
                 }
             }
         }
+    }
+
+    /// Whether `target` is connected to `source` through groups with homes on both, however
+    /// little those can carry.
+    fn joined_from(&mut self, source: usize, target: usize) -> bool {
+        self.joined.clear();
+        self.joined.resize(self.on.len(), false);
+        self.joined[source] = true;
+        self.frontier.clear();
+        self.frontier.push(source);
+        while let Some(a) = self.frontier.pop() {
+            for &g in &self.on[a] {
+                for &(b, _) in &self.homes[g] {
+                    if !self.joined[b] {
+                        self.joined[b] = true;
+                        self.frontier.push(b);
+                    }
+                }
+            }
+        }
+        self.joined[target]
     }
 
     /// Moves `amount` of load along the last search's path to `target`: every group on the

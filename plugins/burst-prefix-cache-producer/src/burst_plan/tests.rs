@@ -841,11 +841,13 @@ fn unequal_groups_like_the_previous_steps_are_sized_from_it() {
     // homes opened on the first noisy counts, 166 of 600 steps went over P + R − 1. A group
     // the prior says is larger than a share splits when it is first placed, before smaller
     // groups fill in around it: split only once its replica is over, 17.7 placements a step
-    // and 41 of 600 steps over P + R − 1.
+    // and 41 of 600 steps over P + R − 1. A new home that closes a cycle of groups and
+    // replicas waits until a replica would end outside the balance bound: opened for any
+    // excess past the allowance, 14 of 600 over.
     let steps =
         second_step_over_live_cuts(FirstStep::Cut(&SHAPE_5), &SHAPE_5, 6, 40, STEP_SPREAD_MS);
     assert!(steps.placements <= 17.0, "{} placements", steps.placements);
-    steps.assert_over_bound_at_most(25);
+    steps.assert_over_bound_at_most(12);
     steps.assert_out_of_balance_at_most(3);
 }
 
@@ -854,10 +856,12 @@ fn a_step_after_one_sent_at_once_is_measured_by_its_requests() {
     // Shape 5 after a step of it that reached the router in one window: that step had no
     // length, so how far the next has come is read from its requests alone. Read from its
     // time against a length of zero, the wait for new homes ended with the next step's
-    // second window: 57 of 600 steps over P + R − 1.
+    // second window: 57 of 600 steps over P + R − 1 (14 with every new home that closes a
+    // cycle of groups and replicas opened past the allowance, not only to keep the balance
+    // bound).
     let steps =
         second_step_over_live_cuts(FirstStep::AtOnce(&SHAPE_5), &SHAPE_5, 6, 40, STEP_SPREAD_MS);
-    steps.assert_over_bound_at_most(25);
+    steps.assert_over_bound_at_most(12);
     steps.assert_out_of_balance_at_most(3);
 }
 
@@ -867,10 +871,11 @@ fn the_first_unequal_step_waits_for_its_counts_too() {
     // step is. Opening new homes on the first counts: 178 of 600 steps over P + R − 1, 11
     // out of balance. Near its end the counts are near the final sizes: shrinking them as
     // much as at its start left 16 of 600 out of balance, and opening a new home for any
-    // excess over the ceiling, however near the end, 72 over P + R − 1.
+    // excess over the ceiling, however near the end, 72 over P + R − 1; opening one that
+    // closes a cycle of groups and replicas for less than the balance bound, 48.
     let steps =
         second_step_over_live_cuts(FirstStep::Cut(&[128; 4]), &SHAPE_5, 6, 40, STEP_SPREAD_MS);
-    steps.assert_over_bound_at_most(65);
+    steps.assert_over_bound_at_most(35);
     steps.assert_out_of_balance_at_most(3);
 }
 
@@ -1074,9 +1079,10 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
     // - after a step in one window no longer did: 17, 14; 18, 19; 19, 20; 17, 17;
     // - after counts stopped fading while new groups appear, on a loaded machine (load 2.5):
     //   18, 18; 18, 21; 19, 14; 19, 19.
-    // Every replica must end within 10% of its share. Over the bound: at most three second
-    // steps (with the sizes of the first to go by), by at most two, and six first steps (no
-    // sizes to carry), by at most four.
+    // Every replica must end within 10% of its share. Over the bound: at most two second
+    // steps (with the sizes of the first to go by), by one, and three first steps (no sizes
+    // to carry), by at most four. Opening new homes that close a cycle of groups and replicas
+    // for any excess past the allowance: three second steps over, up to 21, and six first.
     let mut plan = BurstPlan::new(2000, 100);
     let (mut firsts, mut seconds) = (Vec::new(), Vec::new());
     for (header, windows) in live_steps() {
@@ -1103,11 +1109,11 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
     let over = |steps: &[usize]| steps.iter().filter(|&&p| p > 19).count();
     let most = |steps: &[usize]| steps.iter().copied().max().unwrap_or(0);
     assert!(
-        over(&seconds) <= 3 && most(&seconds) <= 21,
+        over(&seconds) <= 2 && most(&seconds) <= 20,
         "second steps: {seconds:?}"
     );
     assert!(
-        over(&firsts) <= 6 && most(&firsts) <= 23,
+        over(&firsts) <= 3 && most(&firsts) <= 23,
         "first steps: {firsts:?}"
     );
 }
@@ -1116,15 +1122,18 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
 fn a_new_home_needs_a_larger_excess_as_a_step_nears_the_size_of_the_last() {
     // A new home costs a prefill: once a step has brought as many requests as the last one,
     // its counts are about its groups' sizes, and a replica up to 8% over the level (within
-    // the balance bound) keeps its groups whole. Without a previous step, 5%: the ceiling's.
+    // the balance bound) keeps its groups whole, up to 10% when the new home would close a
+    // cycle. Without a previous step, 5%: the ceiling's.
     let mut plan = BurstPlan::new(2000, 100);
     let cuts = [150, 150, 112, 100];
     let _ = burst_cut_as(&mut plan, &SHAPE_5, 3, &cuts);
     let latest = &plan.describe()["latestWindow"];
     assert_eq!(latest["newHomesFrom"], 0.05, "{latest}");
+    assert_eq!(latest["cycleHomesFrom"], 0.05, "{latest}");
     let _ = burst_cut_as_from(&mut plan, &SHAPE_5, 4, &cuts, 1000, STEP_SPREAD_MS);
     let latest = &plan.describe()["latestWindow"];
     assert_eq!(latest["newHomesFrom"], 0.08, "{latest}");
+    assert_eq!(latest["cycleHomesFrom"], 0.1, "{latest}");
     assert_eq!(
         latest["newHomesWaitUpTo"],
         serde_json::Value::Null,
