@@ -24,9 +24,10 @@
 //!    replicas already hold its whole prompt (its first member went there before the plan
 //!    took note, or the prompt is simply cached), to the least planned of those: anywhere
 //!    else would prefill it again, and step 3 still splits it if balance needs that. When the
-//!    counts follow the previous burst's sizes and the groups look complete, a group that
-//!    takes its replica past what step 3 would allow is split there and then, its excess on
-//!    the next least planned replica, before the smaller groups fill in around it.
+//!    counts follow the previous burst's sizes and the groups look complete (and no new
+//!    groups keep appearing), a group that takes its replica past what step 3 would allow is
+//!    split there and then, its excess on the next least planned replica, before the smaller
+//!    groups fill in around it.
 //! 3. Once the burst's groups seem all known (`groups_look_complete`), a replica planned above
 //!    the level by more than half of [`ALLOWANCE`] (or one request) sheds load to replicas
 //!    below the level. It first does so along the groups that already have homes on several
@@ -554,9 +555,10 @@ impl BurstPlan {
         let new_homes = complete.then(|| NewHomes::at(waiting, settled));
         // With the previous burst's sizes to go by, a group found larger than a share is split
         // when it is first placed, before the smaller groups fill in around it: split later,
-        // the replicas it overflows would each take a sliver of it.
+        // the replicas it overflows would each take a sliver of it. Not while new groups keep
+        // appearing: the newest have only begun, and their ranks say nothing of their sizes.
         let split_fresh_from = new_homes
-            .filter(|_| estimate.takes_prior())
+            .filter(|_| estimate.takes_prior() && !still_appearing)
             .map(|homes| (fleet.level * (1.0 + homes.from)).max(fleet.ceiling));
 
         fresh.sort_by(|&a, &b| {

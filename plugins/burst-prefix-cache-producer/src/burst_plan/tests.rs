@@ -589,6 +589,45 @@ fn a_step_sent_prompt_by_prompt_after_a_small_burst_lands_whole() {
 }
 
 #[test]
+fn a_step_sent_prompt_by_prompt_after_unequal_groups_is_not_split_by_their_sizes() {
+    // A burst of three unequal groups, then 32 × 16 prompt by prompt over 250 ms in windows
+    // of up to 40, each request displaced by up to three places (a client's jitter): the
+    // first prompts' counts rank like the last burst's sizes, but a prompt still arriving says
+    // nothing of its size. Split when first placed as those sizes said, 10 of 100 orders
+    // spread the first prompts over two or three replicas and left a replica up to 11 off its
+    // 64 (live: one step at 35 placements, 56–70 requests per replica).
+    let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
+    for seed in 1..=100u64 {
+        let mut plan = BurstPlan::new(2000, 100);
+        let key = |g: usize| GroupKey {
+            blocks: 4,
+            digest: g as u64 + 1000,
+        };
+        let before: Vec<usize> = [32, 30, 12]
+            .iter()
+            .enumerate()
+            .flat_map(|(g, &n)| std::iter::repeat_n(g, n))
+            .collect();
+        place_window(&mut plan, 1000, &before, key, &ids, &[0; 8]);
+        let mut next = switchyard_plugin_api::testing::numbers(seed);
+        let mut keyed: Vec<(usize, usize)> =
+            (0..512).map(|i| (i + next(4) as usize, i / 16)).collect();
+        keyed.sort();
+        let arrivals: Vec<usize> = keyed.into_iter().map(|(_, g)| g).collect();
+        let mut windows = Vec::new();
+        let (mut at, mut now) = (0, 3000);
+        while at < arrivals.len() {
+            let cut = (1 + next(40) as usize).min(arrivals.len() - at);
+            at += cut;
+            now = (3000 + 250 * at as u64 / 512).max(now + 1);
+            windows.push((now, &arrivals[at - cut..at]));
+        }
+        let (load, pairs) = place_timed_windows(&mut plan, seed, windows);
+        assert_eq!((load, pairs), (vec![64; 8], 32), "order {seed}");
+    }
+}
+
+#[test]
 fn a_replica_over_the_ceiling_is_relieved_even_when_its_groups_other_homes_are_full() {
     // A group split early keeps a home on a replica that later fills up to the level; a
     // replica the group overloads must then hand the surplus to the least planned replica,
