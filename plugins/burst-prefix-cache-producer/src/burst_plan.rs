@@ -196,6 +196,8 @@ pub struct BurstPlan {
     previous_burst: Option<(u64, u64)>,
     /// The rebalance's buffers, kept between windows.
     links: Links,
+    /// Per replica, whether a group got its first home there in the window being placed.
+    opened: Vec<bool>,
     /// What the plan saw and decided in its latest window, and in the first window of the
     /// latest burst (the window that gave a group its second member while no other group of
     /// two or more was still arriving), for `state`.
@@ -362,6 +364,7 @@ impl BurstPlan {
             previous_sizes: Vec::new(),
             last_burst_ms: None,
             links: Links::default(),
+            opened: Vec::new(),
             latest: WindowView::default(),
             burst_start: WindowView::default(),
         }
@@ -565,6 +568,8 @@ impl BurstPlan {
             let seen = |g: usize| self.trails[&groups[g].key].seen;
             seen(b).cmp(&seen(a)).then(a.cmp(&b))
         });
+        self.opened.clear();
+        self.opened.resize(replicas.len(), false);
         for g in fresh {
             let Some(trail) = self.trails.get_mut(&groups[g].key) else {
                 continue;
@@ -576,7 +581,21 @@ impl BurstPlan {
                 .copied()
                 .filter(|&r| r < replicas.len())
                 .min_by(|&a, &b| fleet.order(a, b));
-            let target = cached.unwrap_or_else(|| fleet.least_planned());
+            // Among replicas planned alike, one that took no new group in this window: the
+            // prompts of a window would otherwise queue for prefill on the replicas whose
+            // planned load is not running yet, which carry the least.
+            let opened = &self.opened;
+            let target = cached.unwrap_or_else(|| {
+                (0..replicas.len())
+                    .min_by(|&a, &b| {
+                        fleet.planned[a]
+                            .total_cmp(&fleet.planned[b])
+                            .then(opened[a].cmp(&opened[b]))
+                            .then_with(|| fleet.order(a, b))
+                    })
+                    .unwrap_or(0)
+            });
+            self.opened[target] = true;
             fleet.planned[target] += size;
             trail.shares.push(Share::new(replicas[target].id, 1.0, 0));
             if let Some(most) = split_fresh_from {

@@ -628,6 +628,30 @@ fn a_step_sent_prompt_by_prompt_after_unequal_groups_is_not_split_by_their_sizes
 }
 
 #[test]
+fn new_groups_of_one_window_go_to_different_replicas_when_the_plan_allows() {
+    // Prompt by prompt, a window can bring several new prompts while the replicas that took
+    // the last ones are still running them. Five prompts of 16 after five on 8 replicas: the
+    // three idle replicas take one each, and the last two go to replicas that already run a
+    // prompt rather than queue behind a prefill on a replica just given one in this window.
+    let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
+    let key = |g: usize| GroupKey {
+        blocks: 4,
+        digest: g as u64 + 1000,
+    };
+    let mut plan = BurstPlan::new(2000, 100);
+    let first: Vec<usize> = (0..80).map(|i| i / 16).collect();
+    let placed = place_window(&mut plan, 1000, &first, key, &ids, &[0; 8]);
+    let mut running = vec![0u64; 8];
+    for &r in &placed {
+        running[r] += 1;
+    }
+    let next: Vec<usize> = (80..160).map(|i| i / 16).collect();
+    let placed = place_window(&mut plan, 1010, &next, key, &ids, &running);
+    let homes: BTreeSet<usize> = placed.iter().copied().collect();
+    assert_eq!(homes.len(), 5, "{placed:?}");
+}
+
+#[test]
 fn a_replica_over_the_ceiling_is_relieved_even_when_its_groups_other_homes_are_full() {
     // A group split early keeps a home on a replica that later fills up to the level; a
     // replica the group overloads must then hand the surplus to the least planned replica,
