@@ -20,7 +20,8 @@
 //!    than around the mean by more than a count's own variance — the next step of a training
 //!    loop repeating the last one's mix of group sizes — and shrink towards it instead.
 //! 2. A group seen for the first time goes whole to the replica with the least planned load
-//!    (estimated sizes times parts), largest first — or, when the cache estimate says some
+//!    (estimated sizes times parts; among replicas planned alike, one that took no new group
+//!    in the same window), largest first — or, when the cache estimate says some
 //!    replicas already hold its whole prompt (its first member went there before the plan
 //!    took note, or the prompt is simply cached), to the least planned of those: anywhere
 //!    else would prefill it again, and step 3 still splits it if balance needs that. When the
