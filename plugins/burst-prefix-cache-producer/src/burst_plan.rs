@@ -21,7 +21,8 @@
 //!    loop repeating the last one's mix of group sizes — and shrink towards it instead.
 //! 2. A group seen for the first time goes whole to the replica with the least planned load
 //!    (estimated sizes times parts; among replicas planned alike, one that took no new group
-//!    in the same window), largest first — or, when the cache estimate says some
+//!    in the same window; for prompts sent in turn, among those within half a group of it,
+//!    the one whose newest group came longest ago), largest first — or, when the cache estimate says some
 //!    replicas already hold its whole prompt (its first member went there before the plan
 //!    took note, or the prompt is simply cached), to the least planned of those: anywhere
 //!    else would prefill it again, and step 3 still splits it if balance needs that. When the
@@ -197,8 +198,9 @@ pub struct BurstPlan {
     previous_burst: Option<(u64, u64)>,
     /// The rebalance's buffers, kept between windows.
     links: Links,
-    /// Per replica, whether a group got its first home there in the window being placed.
-    opened: Vec<bool>,
+    /// Per replica, one past the arrival of the newest active group's first member among the
+    /// groups with a home there (0: none), for the window being placed.
+    opened_at: Vec<u64>,
     /// What the plan saw and decided in its latest window, and in the first window of the
     /// latest burst (the window that gave a group its second member while no other group of
     /// two or more was still arriving), for `state`.
@@ -365,7 +367,7 @@ impl BurstPlan {
             previous_sizes: Vec::new(),
             last_burst_ms: None,
             links: Links::default(),
-            opened: Vec::new(),
+            opened_at: Vec::new(),
             latest: WindowView::default(),
             burst_start: WindowView::default(),
         }
@@ -569,8 +571,38 @@ impl BurstPlan {
             let seen = |g: usize| self.trails[&groups[g].key].seen;
             seen(b).cmp(&seen(a)).then(a.cmp(&b))
         });
-        self.opened.clear();
-        self.opened.resize(replicas.len(), false);
+        if !fresh.is_empty() {
+            let mut opened_at = std::mem::take(&mut self.opened_at);
+            opened_at.clear();
+            opened_at.resize(replicas.len(), 0);
+            for trail in self.active() {
+                for share in &trail.shares {
+                    if let Some(r) = fleet.position(share) {
+                        opened_at[r] = opened_at[r].max(trail.first_arrival + 1);
+                    }
+                }
+            }
+            self.opened_at = opened_at;
+        }
+        // Prompts sent one after the other: among the replicas within half a group of the
+        // least planned (the plan lets one run a group ahead meanwhile), the one whose newest
+        // group came longest ago, so that consecutive prompts do not queue for prefill on one
+        // replica. Otherwise only among replicas planned alike.
+        // Prompts in turn: at most two groups besides the newest still had members after it
+        // began (shuffled prompts keep arriving side by side).
+        let in_turn = still_appearing
+            && self
+                .active()
+                .filter(|t| t.seen > 1 && t.first_arrival < self.newest_group_from)
+                .filter(|t| t.last_arrival > self.newest_group_from)
+                .take(3)
+                .count()
+                <= 2;
+        let alike = if in_turn {
+            total / self.active().count().max(1) as f64 / 2.0
+        } else {
+            0.0
+        };
         for g in fresh {
             let Some(trail) = self.trails.get_mut(&groups[g].key) else {
                 continue;
@@ -582,21 +614,24 @@ impl BurstPlan {
                 .copied()
                 .filter(|&r| r < replicas.len())
                 .min_by(|&a, &b| fleet.order(a, b));
-            // Among replicas planned alike, one that took no new group in this window: the
-            // prompts of a window would otherwise queue for prefill on the replicas whose
-            // planned load is not running yet, which carry the least.
-            let opened = &self.opened;
+            let opened_at = &self.opened_at;
             let target = cached.unwrap_or_else(|| {
+                let least = fleet.planned[fleet.least_planned()];
                 (0..replicas.len())
+                    .filter(|&r| fleet.planned[r] <= least + alike)
                     .min_by(|&a, &b| {
-                        fleet.planned[a]
-                            .total_cmp(&fleet.planned[b])
-                            .then(opened[a].cmp(&opened[b]))
-                            .then_with(|| fleet.order(a, b))
+                        let recency = |r: usize| {
+                            if in_turn {
+                                opened_at[r]
+                            } else {
+                                u64::from(opened_at[r] > window_from)
+                            }
+                        };
+                        recency(a).cmp(&recency(b)).then_with(|| fleet.order(a, b))
                     })
                     .unwrap_or(0)
             });
-            self.opened[target] = true;
+            self.opened_at[target] = trail.first_arrival + 1;
             fleet.planned[target] += size;
             trail.shares.push(Share::new(replicas[target].id, 1.0, 0));
             if let Some(most) = split_fresh_from {

@@ -652,6 +652,50 @@ fn new_groups_of_one_window_go_to_different_replicas_when_the_plan_allows() {
 }
 
 #[test]
+fn prompts_sent_in_turn_go_round_the_replicas() {
+    // 32 × 16 prompt by prompt over 250 ms in windows of up to 40, each request displaced by
+    // up to three places: each prompt goes to the replica whose newest prompt came longest
+    // ago, so no replica prefills two prompts of any eight in a row. Taking the least planned
+    // replica alone, with estimates of the prompts still arriving, put two prompts in a row on
+    // one replica in every one of 100 orders, where they queue for prefill.
+    let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
+    let key = |g: usize| GroupKey {
+        blocks: 4,
+        digest: g as u64 + 1000,
+    };
+    for seed in 1..=100u64 {
+        let mut plan = BurstPlan::new(2000, 100);
+        let mut next = switchyard_plugin_api::testing::numbers(seed);
+        let mut keyed: Vec<(usize, usize)> =
+            (0..512).map(|i| (i + next(4) as usize, i / 16)).collect();
+        keyed.sort();
+        let arrivals: Vec<usize> = keyed.into_iter().map(|(_, g)| g).collect();
+        let (mut at, mut now) = (0, 3000);
+        let mut running = vec![0u64; 8];
+        let mut first_homes = Vec::new();
+        let mut seen = BTreeSet::new();
+        while at < arrivals.len() {
+            let cut = (1 + next(40) as usize).min(arrivals.len() - at);
+            let window = &arrivals[at..at + cut];
+            at += cut;
+            now = (3000 + 250 * at as u64 / 512).max(now + 1);
+            let placed = place_window(&mut plan, now, window, key, &ids, &running);
+            for (&g, r) in window.iter().zip(placed) {
+                running[r] += 1;
+                if seen.insert(g) {
+                    first_homes.push(r);
+                }
+            }
+        }
+        assert_eq!(running, vec![64; 8], "order {seed}");
+        for eight in first_homes.windows(8) {
+            let distinct: BTreeSet<usize> = eight.iter().copied().collect();
+            assert_eq!(distinct.len(), 8, "order {seed}: {first_homes:?}");
+        }
+    }
+}
+
+#[test]
 fn a_replica_over_the_ceiling_is_relieved_even_when_its_groups_other_homes_are_full() {
     // A group split early keeps a home on a replica that later fills up to the level; a
     // replica the group overloads must then hand the surplus to the least planned replica,
