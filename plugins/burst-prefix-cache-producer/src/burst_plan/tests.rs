@@ -1138,7 +1138,7 @@ fn a_stream_of_groups_that_never_pauses_keeps_a_bounded_prior() {
     );
 }
 
-/// Steps of `bench/bursts` shape 5 as they reached the router in thirteen live runs of two or
+/// Steps of `bench/bursts` shape 5 as they reached the router in sixteen live runs of two or
 /// four rounds:
 /// for each step, `# run R step S`, then one line per window: the time it was placed (ms, on
 /// the router's clock) and the group of each of its requests in arrival order.
@@ -1187,7 +1187,11 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
     // - after counts stopped fading while new groups appear, on a loaded machine (load 2.5):
     //   18, 18; 18, 21; 19, 14; 19, 19;
     // - after new homes that close a cycle of groups and replicas waited for the balance
-    //   bound: 17, 15; 17, 16; 16, 16; 19, 14 and 18, 18; 17, 19; 17, 14; 16, 18.
+    //   bound: 17, 15; 17, 16; 16, 16; 19, 14 and 18, 18; 17, 19; 17, 14; 16, 18;
+    // - after the first prompts of a step sent in turn stopped being split on a prior:
+    //   16, 16; 17, 17; 16, 16; 17, 19;
+    // - after prompts sent in turn went round the replicas: 19, 15; 17, 17; 17, 15; 17, 14
+    //   and 18, 18; 17, 17; 17, 14; 17, 17.
     // Every replica must end within 10% of its share. Over the bound: at most two second
     // steps (with the sizes of the first to go by), by one, and three first steps (no sizes
     // to carry), by at most four. Opening new homes that close a cycle of groups and replicas
