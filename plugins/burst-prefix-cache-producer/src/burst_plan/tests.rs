@@ -559,6 +559,30 @@ fn groups_sent_prompt_by_prompt_land_whole_and_balanced() {
     }
 }
 
+/// 32 × 16 sent prompt by prompt from 3,000 ms over 250 ms, each request displaced by up to
+/// `jitter` places, cut into windows of 1 to 40 requests: when each window is placed, and the
+/// group of each of its requests.
+fn step_in_turn(seed: u64, jitter: u64) -> Vec<(u64, Vec<usize>)> {
+    let mut next = switchyard_plugin_api::testing::numbers(seed);
+    let mut keyed: Vec<(usize, usize)> = (0..512)
+        .map(|i| {
+            let displaced = if jitter > 0 { next(jitter + 1) } else { 0 };
+            (i + displaced as usize, i / 16)
+        })
+        .collect();
+    keyed.sort();
+    let arrivals: Vec<usize> = keyed.into_iter().map(|(_, g)| g).collect();
+    let mut windows = Vec::new();
+    let (mut at, mut now) = (0, 3000);
+    while at < arrivals.len() {
+        let cut = (1 + next(40) as usize).min(arrivals.len() - at);
+        at += cut;
+        now = (3000 + 250 * at as u64 / 512).max(now + 1);
+        windows.push((now, arrivals[at - cut..at].to_vec()));
+    }
+    windows
+}
+
 #[test]
 fn a_step_sent_prompt_by_prompt_after_a_small_burst_lands_whole() {
     // A burst of two small groups, then 32 × 16 prompt by prompt over 250 ms in windows of up
@@ -573,17 +597,9 @@ fn a_step_sent_prompt_by_prompt_after_a_small_burst_lands_whole() {
             digest: g as u64 + 1000,
         };
         place_window(&mut plan, 1000, &[0, 1, 0, 1, 0, 1], key, &ids, &[0; 8]);
-        let arrivals: Vec<usize> = (0..512).map(|i| i / 16).collect();
-        let mut next = switchyard_plugin_api::testing::numbers(seed);
-        let mut windows = Vec::new();
-        let (mut at, mut now) = (0, 3000);
-        while at < arrivals.len() {
-            let cut = (1 + next(40) as usize).min(arrivals.len() - at);
-            at += cut;
-            now = (3000 + 250 * at as u64 / 512).max(now + 1);
-            windows.push((now, &arrivals[at - cut..at]));
-        }
-        let (load, pairs) = place_timed_windows(&mut plan, seed, windows);
+        let windows = step_in_turn(seed, 0);
+        let timed = windows.iter().map(|(at, groups)| (*at, groups.as_slice()));
+        let (load, pairs) = place_timed_windows(&mut plan, seed, timed);
         assert_eq!((load, pairs), (vec![64; 8], 32), "order {seed}");
     }
 }
@@ -609,20 +625,9 @@ fn a_step_sent_prompt_by_prompt_after_unequal_groups_is_not_split_by_their_sizes
             .flat_map(|(g, &n)| std::iter::repeat_n(g, n))
             .collect();
         place_window(&mut plan, 1000, &before, key, &ids, &[0; 8]);
-        let mut next = switchyard_plugin_api::testing::numbers(seed);
-        let mut keyed: Vec<(usize, usize)> =
-            (0..512).map(|i| (i + next(4) as usize, i / 16)).collect();
-        keyed.sort();
-        let arrivals: Vec<usize> = keyed.into_iter().map(|(_, g)| g).collect();
-        let mut windows = Vec::new();
-        let (mut at, mut now) = (0, 3000);
-        while at < arrivals.len() {
-            let cut = (1 + next(40) as usize).min(arrivals.len() - at);
-            at += cut;
-            now = (3000 + 250 * at as u64 / 512).max(now + 1);
-            windows.push((now, &arrivals[at - cut..at]));
-        }
-        let (load, pairs) = place_timed_windows(&mut plan, seed, windows);
+        let windows = step_in_turn(seed, 3);
+        let timed = windows.iter().map(|(at, groups)| (*at, groups.as_slice()));
+        let (load, pairs) = place_timed_windows(&mut plan, seed, timed);
         assert_eq!((load, pairs), (vec![64; 8], 32), "order {seed}");
     }
 }
@@ -665,21 +670,11 @@ fn prompts_sent_in_turn_go_round_the_replicas() {
     };
     for seed in 1..=100u64 {
         let mut plan = BurstPlan::new(2000, 100);
-        let mut next = switchyard_plugin_api::testing::numbers(seed);
-        let mut keyed: Vec<(usize, usize)> =
-            (0..512).map(|i| (i + next(4) as usize, i / 16)).collect();
-        keyed.sort();
-        let arrivals: Vec<usize> = keyed.into_iter().map(|(_, g)| g).collect();
-        let (mut at, mut now) = (0, 3000);
         let mut running = vec![0u64; 8];
         let mut first_homes = Vec::new();
         let mut seen = BTreeSet::new();
-        while at < arrivals.len() {
-            let cut = (1 + next(40) as usize).min(arrivals.len() - at);
-            let window = &arrivals[at..at + cut];
-            at += cut;
-            now = (3000 + 250 * at as u64 / 512).max(now + 1);
-            let placed = place_window(&mut plan, now, window, key, &ids, &running);
+        for (now, window) in step_in_turn(seed, 3) {
+            let placed = place_window(&mut plan, now, &window, key, &ids, &running);
             for (&g, r) in window.iter().zip(placed) {
                 running[r] += 1;
                 if seen.insert(g) {
