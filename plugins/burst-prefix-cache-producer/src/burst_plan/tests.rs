@@ -583,23 +583,29 @@ fn step_in_turn(seed: u64, jitter: u64) -> Vec<(u64, Vec<usize>)> {
     windows
 }
 
+/// A fresh plan given one window of `before` (the group of each request), then the step of
+/// [`step_in_turn`]; returns the step's requests per replica and its placements.
+fn step_in_turn_after(before: &[usize], seed: u64, jitter: u64) -> (Vec<usize>, usize) {
+    let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
+    let key = |g: usize| GroupKey {
+        blocks: 4,
+        digest: g as u64 + 1000,
+    };
+    let mut plan = BurstPlan::new(2000, 100);
+    place_window(&mut plan, 1000, before, key, &ids, &[0; 8]);
+    let windows = step_in_turn(seed, jitter);
+    let timed = windows.iter().map(|(at, groups)| (*at, groups.as_slice()));
+    place_timed_windows(&mut plan, seed, timed)
+}
+
 #[test]
 fn a_step_sent_prompt_by_prompt_after_a_small_burst_lands_whole() {
     // A burst of two small groups, then 32 × 16 prompt by prompt over 250 ms in windows of up
     // to 40: the step soon has more requests than the small burst, but the counts of prompts
     // still arriving one after the other say nothing of their sizes. Taken as final sizes
     // once the step passed the small burst's requests, 9 of 100 orders split a prompt.
-    let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
     for seed in 1..=100u64 {
-        let mut plan = BurstPlan::new(2000, 100);
-        let key = |g: usize| GroupKey {
-            blocks: 4,
-            digest: g as u64 + 1000,
-        };
-        place_window(&mut plan, 1000, &[0, 1, 0, 1, 0, 1], key, &ids, &[0; 8]);
-        let windows = step_in_turn(seed, 0);
-        let timed = windows.iter().map(|(at, groups)| (*at, groups.as_slice()));
-        let (load, pairs) = place_timed_windows(&mut plan, seed, timed);
+        let (load, pairs) = step_in_turn_after(&[0, 1, 0, 1, 0, 1], seed, 0);
         assert_eq!((load, pairs), (vec![64; 8], 32), "order {seed}");
     }
 }
@@ -612,22 +618,13 @@ fn a_step_sent_prompt_by_prompt_after_unequal_groups_is_not_split_by_their_sizes
     // nothing of its size. Split when first placed as those sizes said, 10 of 100 orders
     // spread the first prompts over two or three replicas and left a replica up to 11 off its
     // 64 (live: one step at 35 placements, 56–70 requests per replica).
-    let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
+    let before: Vec<usize> = [32, 30, 12]
+        .iter()
+        .enumerate()
+        .flat_map(|(g, &n)| std::iter::repeat_n(g, n))
+        .collect();
     for seed in 1..=100u64 {
-        let mut plan = BurstPlan::new(2000, 100);
-        let key = |g: usize| GroupKey {
-            blocks: 4,
-            digest: g as u64 + 1000,
-        };
-        let before: Vec<usize> = [32, 30, 12]
-            .iter()
-            .enumerate()
-            .flat_map(|(g, &n)| std::iter::repeat_n(g, n))
-            .collect();
-        place_window(&mut plan, 1000, &before, key, &ids, &[0; 8]);
-        let windows = step_in_turn(seed, 3);
-        let timed = windows.iter().map(|(at, groups)| (*at, groups.as_slice()));
-        let (load, pairs) = place_timed_windows(&mut plan, seed, timed);
+        let (load, pairs) = step_in_turn_after(&before, seed, 3);
         assert_eq!((load, pairs), (vec![64; 8], 32), "order {seed}");
     }
 }
