@@ -22,14 +22,14 @@
 //! 2. A group seen for the first time goes whole to the replica with the least planned load
 //!    (estimated sizes times parts; among replicas planned alike, one that took no new group
 //!    in the same window; for prompts sent in turn, among those within half a group of it,
-//!    the one whose newest group came longest ago), largest first — or, when the cache estimate says some
-//!    replicas already hold its whole prompt (its first member went there before the plan
-//!    took note, or the prompt is simply cached), to the least planned of those: anywhere
-//!    else would prefill it again, and step 3 still splits it if balance needs that. When the
-//!    counts follow the previous burst's sizes and the groups look complete (and no new
-//!    groups keep appearing), a group that takes its replica past what step 3 would allow is
-//!    split there and then, its excess on the next least planned replica, before the smaller
-//!    groups fill in around it.
+//!    the one whose newest group came longest ago), largest first — or, when the cache
+//!    estimate says some replicas already hold its whole prompt (its first member went there
+//!    before the plan took note, or the prompt is simply cached), to the least planned of
+//!    those: anywhere else would prefill it again, and step 3 still splits it if balance needs
+//!    that. When the counts follow the previous burst's sizes and the groups look complete
+//!    (and no new groups keep appearing), a group that takes its replica past what step 3
+//!    would allow is split there and then, its excess on the next least planned replica,
+//!    before the smaller groups fill in around it.
 //! 3. Once the burst's groups seem all known (`groups_look_complete`), a replica planned above
 //!    the level by more than half of [`ALLOWANCE`] (or one request) sheds load to replicas
 //!    below the level. It first does so along the groups that already have homes on several
@@ -584,12 +584,12 @@ impl BurstPlan {
             }
             self.opened_at = opened_at;
         }
-        // Prompts sent one after the other: among the replicas within half a group of the
-        // least planned (the plan lets one run a group ahead meanwhile), the one whose newest
-        // group came longest ago, so that consecutive prompts do not queue for prefill on one
-        // replica. Otherwise only among replicas planned alike.
-        // Prompts in turn: at most two groups besides the newest still had members after it
-        // began (shuffled prompts keep arriving side by side).
+        // A new group goes, among the replicas planned alike, to one that took no new group in
+        // this window. Prompts sent in turn (new ones keep appearing, and at most two groups
+        // besides the newest still had members after it began; shuffled prompts keep arriving
+        // side by side) go, among the replicas within half a group of the least planned (the
+        // plan lets one run a group ahead meanwhile), to the one whose newest group came
+        // longest ago: consecutive prompts would otherwise queue for prefill on one replica.
         let in_turn = still_appearing
             && self
                 .active()
