@@ -524,19 +524,27 @@ impl BurstPlan {
             SizeEstimate::of(self.active().map(|t| t.seen), &self.previous_sizes, settled);
         let mut fleet = Fleet::new(replicas);
         let mut sent = vec![0usize; replicas.len()];
-        let (mut total, mut members_seen, mut weight_seen) = (0.0, 0usize, 0.0);
+        let mut opened_at = std::mem::take(&mut self.opened_at);
+        opened_at.clear();
+        opened_at.resize(replicas.len(), 0);
+        let (mut total, mut active, mut members_seen, mut weight_seen) = (0.0, 0u32, 0usize, 0.0);
         for trail in self.active() {
             let load = estimate.size(trail.seen) * trail.weight;
             total += load;
+            active += 1;
             members_seen += trail.seen;
             weight_seen += trail.seen as f64 * trail.weight;
             for share in &trail.shares {
                 if let Some(r) = fleet.position(share) {
                     fleet.planned[r] += share.part * load;
                     sent[r] += share.sent;
+                    opened_at[r] = opened_at[r].max(trail.first_arrival + 1);
                 }
             }
         }
+        self.opened_at = opened_at;
+        // The estimated load of a group, on average.
+        let mean_group = total / f64::from(active.max(1));
         // Load the replicas carry that the remembered groups do not explain (other traffic,
         // groups already forgotten), in the plan's units.
         let per_member = if members_seen > 0 {
@@ -571,19 +579,6 @@ impl BurstPlan {
             let seen = |g: usize| self.trails[&groups[g].key].seen;
             seen(b).cmp(&seen(a)).then(a.cmp(&b))
         });
-        if !fresh.is_empty() {
-            let mut opened_at = std::mem::take(&mut self.opened_at);
-            opened_at.clear();
-            opened_at.resize(replicas.len(), 0);
-            for trail in self.active() {
-                for share in &trail.shares {
-                    if let Some(r) = fleet.position(share) {
-                        opened_at[r] = opened_at[r].max(trail.first_arrival + 1);
-                    }
-                }
-            }
-            self.opened_at = opened_at;
-        }
         // A new group goes, among the replicas planned alike, to one that took no new group in
         // this window. Prompts sent in turn (new ones keep appearing, and at most two groups
         // besides the newest still had members after it began; shuffled prompts keep arriving
@@ -598,11 +593,7 @@ impl BurstPlan {
                 .take(3)
                 .count()
                 <= 2;
-        let alike = if in_turn {
-            total / self.active().count().max(1) as f64 / 2.0
-        } else {
-            0.0
-        };
+        let alike = if in_turn { mean_group / 2.0 } else { 0.0 };
         for g in fresh {
             let Some(trail) = self.trails.get_mut(&groups[g].key) else {
                 continue;
@@ -647,12 +638,11 @@ impl BurstPlan {
                 // requests per replica, what a prompt alone may hold: a client that lagged at
                 // the start delivers its first prompts in one window, which looks like a whole
                 // burst of a few groups.
-                let group = total / self.active().count().max(1) as f64;
                 let alone = (4 * replicas.len()) as f64 * per_member;
                 if weight_seen < alone {
                     fleet.tolerate(alone);
-                } else if group <= (fleet.level / 4.0).max(alone) {
-                    fleet.tolerate(group);
+                } else if mean_group <= (fleet.level / 4.0).max(alone) {
+                    fleet.tolerate(mean_group);
                 }
             }
             self.rebalance(&mut fleet, &estimate, new_homes);
@@ -856,7 +846,7 @@ impl BurstPlan {
             };
             let excess = fleet.planned[over] - fleet.level;
             links.widest_from(over, &self.trails, fleet.per_member);
-            let reached = |r: usize| links.width[r] > fleet.per_member / 2.0;
+            let reached = |r: usize| links.reached(r, fleet.per_member);
             let below = (0..n)
                 .filter(|&r| r != over && reached(r))
                 .filter(|&r| fleet.planned[r] + fleet.per_member / 2.0 < fleet.level)
@@ -896,7 +886,7 @@ impl BurstPlan {
                         .then_with(|| links.keys[b.0].cmp(&links.keys[a.0]))
                 });
             let outside = (0..n)
-                .filter(|&r| links.width[r] <= fleet.per_member / 2.0)
+                .filter(|&r| !links.reached(r, fleet.per_member))
                 .min_by(|&a, &b| fleet.order(a, b));
             let held = if stranded {
                 waiting.unwrap_or(0.0)
@@ -1160,6 +1150,11 @@ impl Links {
                 }
             }
         }
+    }
+
+    /// Whether the last widest-path search reached replica `r` with more than half a member.
+    fn reached(&self, r: usize, per_member: f64) -> bool {
+        self.width[r] > per_member / 2.0
     }
 
     /// Whether `target` is connected to `source` through groups with homes on both, however

@@ -583,14 +583,23 @@ fn step_in_turn(seed: u64, jitter: u64) -> Vec<(u64, Vec<usize>)> {
     windows
 }
 
+/// The ids of 8 replicas, `/r0` to `/r7`.
+fn eight_replicas() -> Vec<String> {
+    (0..8).map(|r| format!("/r{r}")).collect()
+}
+
+/// The key of prompt group `g` in the tests of prompts sent in turn.
+fn key(g: usize) -> GroupKey {
+    GroupKey {
+        blocks: 4,
+        digest: g as u64 + 1000,
+    }
+}
+
 /// A fresh plan given one window of `before` (the group of each request), then the step of
 /// [`step_in_turn`]; returns the step's requests per replica and its placements.
 fn step_in_turn_after(before: &[usize], seed: u64, jitter: u64) -> (Vec<usize>, usize) {
-    let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
-    let key = |g: usize| GroupKey {
-        blocks: 4,
-        digest: g as u64 + 1000,
-    };
+    let ids = eight_replicas();
     let mut plan = BurstPlan::new(2000, 100);
     place_window(&mut plan, 1000, before, key, &ids, &[0; 8]);
     let windows = step_in_turn(seed, jitter);
@@ -635,11 +644,7 @@ fn new_groups_of_one_window_go_to_different_replicas_when_the_plan_allows() {
     // the last ones are still running them. Five prompts of 16 after five on 8 replicas: the
     // three idle replicas take one each, and the last two go to replicas that already run a
     // prompt rather than queue behind a prefill on a replica just given one in this window.
-    let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
-    let key = |g: usize| GroupKey {
-        blocks: 4,
-        digest: g as u64 + 1000,
-    };
+    let ids = eight_replicas();
     let mut plan = BurstPlan::new(2000, 100);
     let first: Vec<usize> = (0..80).map(|i| i / 16).collect();
     let placed = place_window(&mut plan, 1000, &first, key, &ids, &[0; 8]);
@@ -660,11 +665,7 @@ fn prompts_sent_in_turn_go_round_the_replicas() {
     // ago, so no replica prefills two prompts of any eight in a row. Taking the least planned
     // replica alone, with estimates of the prompts still arriving, put two prompts in a row on
     // one replica in every one of 100 orders, where they queue for prefill.
-    let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
-    let key = |g: usize| GroupKey {
-        blocks: 4,
-        digest: g as u64 + 1000,
-    };
+    let ids = eight_replicas();
     for seed in 1..=100u64 {
         let mut plan = BurstPlan::new(2000, 100);
         let mut running = vec![0u64; 8];
