@@ -46,12 +46,14 @@
 //!    new home opened on early, noisy counts is often one the final sizes would not have
 //!    needed, and each costs a prefill. As the burst nears the previous one's requests, the
 //!    excess that gets a new home grows from the ceiling's to [`SETTLED_EXCESS`], within the
-//!    balance bound (unless a replica below the floor can be reached no other way). A new home
-//!    on a replica the group already reaches through other shared groups, none able to carry
-//!    more, closes a cycle of groups and replicas: while groups and replicas linked by
-//!    placements form a forest, the placements stay within P + R − 1, and each cycle is one
-//!    more. Such a home waits until a replica would otherwise end outside the balance bound
-//!    (over the level, or the replica meant to relieve it under, by [`CYCLE_EXCESS`]).
+//!    balance bound (unless a replica below the floor can be reached no other way). The
+//!    groups and replicas linked by placements stay within P + R − 1 placements as long as
+//!    they form a forest: a new home on a replica the group already reaches through other
+//!    shared groups, none able to carry more, closes a cycle, and spends a placement a later
+//!    home joining two separate trees would need. Such a home, and any home once the active
+//!    groups have P + R − 1 placements, waits until a replica would otherwise end outside the
+//!    balance bound (over the level, or the replica meant to relieve it under, by
+//!    [`PAST_BOUND_EXCESS`]).
 //!    While new groups keep appearing at their usual spacing (prompts sent one after the
 //!    other), a replica may run up to one group ahead of the level: the next group goes where
 //!    the earlier ones left room.
@@ -269,7 +271,7 @@ impl WindowView {
             "level": rounded(self.level),
             "newHomesWaitUpTo": self.new_homes.and_then(|h| h.waiting).map(rounded),
             "newHomesFrom": self.new_homes.map(|h| rounded(h.from)),
-            "cycleHomesFrom": self.new_homes.map(|h| rounded(h.closing_cycle)),
+            "pastBoundHomesFrom": self.new_homes.map(|h| rounded(h.past_bound)),
             "replicas": replicas,
         })
     }
@@ -285,8 +287,8 @@ struct NewHomes {
     /// The excess that gets a new home.
     from: f64,
     /// The excess, or the shortfall of the replica meant to relieve it, that gets a new home
-    /// closing a cycle (see [`CYCLE_EXCESS`]).
-    closing_cycle: f64,
+    /// closing a cycle or past P + R − 1 placements (see [`PAST_BOUND_EXCESS`]).
+    past_bound: f64,
 }
 
 impl NewHomes {
@@ -298,7 +300,7 @@ impl NewHomes {
         NewHomes {
             waiting,
             from: waiting.unwrap_or(0.0).max(grown(SETTLED_EXCESS)),
-            closing_cycle: grown(CYCLE_EXCESS),
+            past_bound: grown(PAST_BOUND_EXCESS),
         }
     }
 }
@@ -336,14 +338,16 @@ const SETTLED_EXCESS: f64 = 0.08;
 
 /// How far over the level a replica must run, or under it the replica meant to relieve it,
 /// as a share of the level, before a new home closes a cycle of groups and replicas (its group
-/// already joins the two through groups with homes on both, none able to carry more), once the
-/// burst has brought as many requests as the previous one: the balance bound's 10%. Groups and
-/// replicas linked by placements keep those within P + R − 1 as long as they form a forest; a
-/// cycle is a placement beyond that, worth it only to keep a replica within the bound. Before
+/// already joins the two through groups with homes on both, none able to carry more) or takes
+/// the active groups past P + R − 1 placements, once the burst has brought as many requests as
+/// the previous one: the balance bound's 10%. Groups and replicas linked by placements keep
+/// those within P + R − 1 as long as they form a forest; a cycle spends a placement that only
+/// a tree joining the rest may need, and a placement past the bound is worth it only to keep a
+/// replica within the balance bound. Before
 /// that point the allowance grows from the ceiling's with the share of the previous burst's
 /// requests: early counts cannot tell a replica that will end far from its share from one
 /// that will end near it.
-const CYCLE_EXCESS: f64 = 0.1;
+const PAST_BOUND_EXCESS: f64 = 0.1;
 
 /// Groups `BurstPlan::describe` lists, the most seen first.
 const DESCRIBED_GROUPS: usize = 64;
@@ -816,7 +820,8 @@ impl BurstPlan {
     /// The moves of [`BurstPlan::rebalance`], over `links` filled for this window. A replica
     /// over the level by `new_homes.from` of it or less gets no new home, unless one below the
     /// floor can be reached no other way (then only `new_homes.waiting` holds it back); a new
-    /// home that closes a cycle needs `new_homes.closing_cycle` of excess or shortfall.
+    /// home that closes a cycle, or goes past P + R − 1 placements, needs `new_homes.past_bound`
+    /// of excess or shortfall.
     fn rebalance_along(&mut self, links: &mut Links, fleet: &mut Fleet<'_>, new_homes: NewHomes) {
         let waiting = new_homes.waiting;
         let n = fleet.replicas.len();
@@ -893,16 +898,19 @@ impl BurstPlan {
             } else {
                 new_homes.from
             };
-            // A new home on a replica `over` is already joined to closes a cycle: it costs a
-            // placement a tree of groups and replicas would not, and only keeping a replica
-            // within the balance bound is worth that.
+            // A new home past P + R − 1 placements, or one that closes a cycle of groups and
+            // replicas (and so spends what a later home joining two separate trees would need),
+            // is worth it only to keep a replica within the balance bound.
             let held = match outside {
-                Some(target) if links.joined_from(over, target) => {
+                Some(target)
+                    if links.placements(&self.trails) + 1 > links.keys.len() + n - 1
+                        || links.joined_from(over, target) =>
+                {
                     let deficit = fleet.level - fleet.planned[target];
-                    if stranded && deficit > new_homes.closing_cycle * fleet.level {
+                    if stranded && deficit > new_homes.past_bound * fleet.level {
                         held
                     } else {
-                        held.max(new_homes.closing_cycle)
+                        held.max(new_homes.past_bound)
                     }
                 }
                 _ => held,
@@ -1150,6 +1158,21 @@ impl Links {
                 }
             }
         }
+    }
+
+    /// The (group, replica) placements: homes with a part planned or members sent.
+    fn placements(&self, trails: &BTreeMap<GroupKey, Trail>) -> usize {
+        self.keys
+            .iter()
+            .zip(&self.homes)
+            .map(|(key, homes)| {
+                let shares = &trails[key].shares;
+                homes
+                    .iter()
+                    .filter(|&&(_, k)| shares[k].part > 0.0 || shares[k].sent > 0)
+                    .count()
+            })
+            .sum()
     }
 
     /// Whether the last widest-path search reached replica `r` with more than half a member.
