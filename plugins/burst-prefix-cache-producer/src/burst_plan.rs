@@ -46,7 +46,9 @@
 //!    new home opened on early, noisy counts is often one the final sizes would not have
 //!    needed, and each costs a prefill. As the burst nears the previous one's requests, the
 //!    excess that gets a new home grows from the ceiling's to [`SETTLED_EXCESS`], within the
-//!    balance bound (unless a replica below the floor can be reached no other way). The
+//!    balance bound, unless a replica below the floor that far can be reached no other way: a
+//!    replica under the level gets a new home for no smaller a shortfall than a replica over
+//!    it for its excess, since each is a prefill. The
 //!    groups and replicas linked by placements stay within P + R − 1 placements as long as
 //!    they form a forest: a new home on a replica the group already reaches through other
 //!    shared groups, none able to carry more, closes a cycle, and spends a placement a later
@@ -818,8 +820,9 @@ impl BurstPlan {
     }
 
     /// The moves of [`BurstPlan::rebalance`], over `links` filled for this window. A replica
-    /// over the level by `new_homes.from` of it or less gets no new home, unless one below the
-    /// floor can be reached no other way (then only `new_homes.waiting` holds it back); a new
+    /// over the level by `new_homes.from` of it or less gets no new home, unless one that far
+    /// below the level and below the floor can be reached no other way (then only
+    /// `new_homes.waiting` holds it back); a new
     /// home that closes a cycle, or goes past P + R − 1 placements, needs `new_homes.past_bound`
     /// of excess or shortfall.
     fn rebalance_along(&mut self, links: &mut Links, fleet: &mut Fleet<'_>, new_homes: NewHomes) {
@@ -856,7 +859,10 @@ impl BurstPlan {
                 .filter(|&r| r != over && reached(r))
                 .filter(|&r| fleet.planned[r] + fleet.per_member / 2.0 < fleet.level)
                 .min_by(|&a, &b| fleet.order(a, b));
-            let stranded = (0..n).any(|r| !reached(r) && fleet.planned[r] < floor);
+            // A replica out of reach gets a new home only for a shortfall as large as the excess
+            // that gets an over replica one: each is a prefill.
+            let rescued_below = floor.min(fleet.level * (1.0 - new_homes.from));
+            let stranded = (0..n).any(|r| !reached(r) && fleet.planned[r] < rescued_below);
             match below {
                 Some(target) if !stranded || fleet.planned[target] < floor => {
                     let amount = excess

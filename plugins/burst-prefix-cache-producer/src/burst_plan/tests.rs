@@ -763,6 +763,16 @@ fn place_timed_windows<'a>(
     step: u64,
     windows: impl IntoIterator<Item = (u64, &'a [usize])>,
 ) -> (Vec<usize>, usize) {
+    let (load, pairs) = placed_timed_windows(plan, step, windows);
+    (load, pairs.len())
+}
+
+/// [`place_timed_windows`], returning each (group, replica) placement.
+fn placed_timed_windows<'a>(
+    plan: &mut BurstPlan,
+    step: u64,
+    windows: impl IntoIterator<Item = (u64, &'a [usize])>,
+) -> (Vec<usize>, BTreeSet<(usize, usize)>) {
     let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
     let mut load = vec![0usize; 8];
     let mut pairs = BTreeSet::new();
@@ -780,7 +790,7 @@ fn place_timed_windows<'a>(
             pairs.insert((g, r));
         }
     }
-    (load, pairs.len())
+    (load, pairs)
 }
 
 #[test]
@@ -944,11 +954,13 @@ fn unequal_groups_like_the_previous_steps_are_sized_from_it() {
     // and 41 of 600 steps over P + R − 1. A new home that closes a cycle of groups and
     // replicas, or goes past P + R − 1 placements, waits until a replica would end outside the
     // balance bound: opened for any excess past the allowance, 14 of 600 over; waiting only
-    // when it closes a cycle, 8.
+    // when it closes a cycle, 8. A replica under the level gets a new home only for as large
+    // a shortfall as an over replica needs for one: rescued from any shortfall below the
+    // floor, 16.4 placements and 6 over.
     let steps =
         second_step_over_live_cuts(FirstStep::Cut(&SHAPE_5), &SHAPE_5, 6, 40, STEP_SPREAD_MS);
-    assert!(steps.placements <= 17.0, "{} placements", steps.placements);
-    steps.assert_over_bound_at_most(6);
+    assert!(steps.placements <= 16.2, "{} placements", steps.placements);
+    steps.assert_over_bound_at_most(3);
     steps.assert_out_of_balance_at_most(3);
 }
 
@@ -959,10 +971,11 @@ fn a_step_after_one_sent_at_once_is_measured_by_its_requests() {
     // time against a length of zero, the wait for new homes ended with the next step's
     // second window: 57 of 600 steps over P + R − 1 (14 with every new home that closes a
     // cycle of groups and replicas opened past the allowance, not only to keep the balance
-    // bound; 8 with only those waiting, not the homes past P + R − 1).
+    // bound; 8 with only those waiting, not the homes past P + R − 1; 6 with a replica under
+    // the level rescued from any shortfall below the floor).
     let steps =
         second_step_over_live_cuts(FirstStep::AtOnce(&SHAPE_5), &SHAPE_5, 6, 40, STEP_SPREAD_MS);
-    steps.assert_over_bound_at_most(6);
+    steps.assert_over_bound_at_most(3);
     steps.assert_out_of_balance_at_most(3);
 }
 
@@ -974,10 +987,11 @@ fn the_first_unequal_step_waits_for_its_counts_too() {
     // much as at its start left 16 of 600 out of balance, and opening a new home for any
     // excess over the ceiling, however near the end, 72 over P + R − 1; opening one that
     // closes a cycle of groups and replicas for less than the balance bound, 48; holding
-    // those back but not the homes past P + R − 1, 28.
+    // those back but not the homes past P + R − 1, 28; rescuing a replica under the level
+    // from any shortfall below the floor, 21.
     let steps =
         second_step_over_live_cuts(FirstStep::Cut(&[128; 4]), &SHAPE_5, 6, 40, STEP_SPREAD_MS);
-    steps.assert_over_bound_at_most(22);
+    steps.assert_over_bound_at_most(12);
     steps.assert_out_of_balance_at_most(3);
 }
 
@@ -1187,13 +1201,14 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
     //   16, 16; 17, 17; 16, 16; 17, 19;
     // - after prompts sent in turn went round the replicas: 19, 15; 17, 17; 17, 15; 17, 14
     //   and 18, 18; 17, 17; 17, 14; 17, 17.
-    // Every replica must end within 10% of its share. Over the bound: at most one second
-    // step (with the sizes of the first to go by), by one, and two first steps (no sizes to
-    // carry), by at most four. Opening new homes that close a cycle of groups and replicas
-    // for any excess past the allowance: three second steps over, up to 21, and six first;
-    // holding those back but not the homes past P + R − 1, two and three.
+    // Every replica must end within 10% of its share. Over the bound: no second step (with
+    // the sizes of the first to go by), and one first step (no sizes to carry), by at most
+    // four. Opening new homes that close a cycle of groups and replicas for any excess past
+    // the allowance: three second steps over, up to 21, and six first; holding those back but
+    // not the homes past P + R − 1, two and three; and those too, but rescuing a replica
+    // under the level from any shortfall below the floor, one and two.
     let mut plan = BurstPlan::new(2000, 100);
-    let (mut firsts, mut seconds) = (Vec::new(), Vec::new());
+    let (mut firsts, mut seconds, mut prompts_on_busiest) = (Vec::new(), Vec::new(), Vec::new());
     for (header, windows) in live_steps() {
         let first = header.ends_with("step 0");
         if first {
@@ -1203,7 +1218,13 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
         }
         let step = windows[0].0;
         let timed = windows.iter().map(|(at, groups)| (*at, groups.as_slice()));
-        let (load, pairs) = place_timed_windows(&mut plan, step, timed);
+        let (load, placed) = placed_timed_windows(&mut plan, step, timed);
+        let pairs = placed.len();
+        let busiest = (0..8)
+            .map(|r| placed.iter().filter(|&&(_, on)| on == r).count())
+            .max()
+            .unwrap_or(0);
+        prompts_on_busiest.push(busiest);
         assert_eq!(load.iter().sum::<usize>(), 512, "{header}");
         assert!(
             load.iter().all(|&l| l.abs_diff(64) <= 6),
@@ -1217,13 +1238,19 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
     }
     let over = |steps: &[usize]| steps.iter().filter(|&&p| p > 19).count();
     let most = |steps: &[usize]| steps.iter().copied().max().unwrap_or(0);
+    assert!(over(&seconds) == 0, "second steps: {seconds:?}");
     assert!(
-        over(&seconds) <= 1 && most(&seconds) <= 20,
-        "second steps: {seconds:?}"
-    );
-    assert!(
-        over(&firsts) <= 2 && most(&firsts) <= 23,
+        over(&firsts) <= 1 && most(&firsts) <= 23,
         "first steps: {firsts:?}"
+    );
+    // A replica prefills each prompt it gets a part of, and the step's slowest requests wait
+    // on the replica with the most. At most three on each in 73 of the 104 steps, and never
+    // more than five; rescuing a replica out of reach for any shortfall below the floor, not
+    // only one as large as the excess that gets an over replica a new home: 60 and six.
+    let busy = prompts_on_busiest.iter().filter(|&&p| p > 3).count();
+    assert!(
+        busy <= 31 && most(&prompts_on_busiest) <= 5,
+        "most prompts on a replica: {prompts_on_busiest:?}"
     );
 }
 
