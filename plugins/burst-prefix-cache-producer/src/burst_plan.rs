@@ -18,7 +18,11 @@
 //!    group with the k-th most members so far is expected to be as large, in proportion, as
 //!    the previous burst's k-th largest. The counts take it when they spread around it less
 //!    than around the mean by more than a count's own variance — the next step of a training
-//!    loop repeating the last one's mix of group sizes — and shrink towards it instead.
+//!    loop repeating the last one's mix of group sizes — and shrink towards it instead. When a
+//!    second wave of groups begins while the first is still arriving (the next step sent
+//!    before the last one ended; see [`BurstPlan::second_wave`]), each wave's counts are
+//!    estimated on their own, at their own stage, and the second wave's groups are expected to
+//!    be as large on average as the first wave's.
 //! 2. A group seen for the first time goes whole to the replica with the least planned load
 //!    (estimated sizes times parts; among replicas planned alike, one that took no new group
 //!    in the same window; for prompts sent in turn, among those within half a group of it,
@@ -526,8 +530,7 @@ impl BurstPlan {
         } else {
             self.share_of_previous()
         };
-        let estimate =
-            SizeEstimate::of(self.active().map(|t| t.seen), &self.previous_sizes, settled);
+        let estimate = Estimates::of(self, settled);
         let mut fleet = Fleet::new(replicas);
         let mut sent = vec![0usize; replicas.len()];
         let mut opened_at = std::mem::take(&mut self.opened_at);
@@ -535,7 +538,7 @@ impl BurstPlan {
         opened_at.resize(replicas.len(), 0);
         let (mut total, mut active, mut members_seen, mut weight_seen) = (0.0, 0u32, 0usize, 0.0);
         for trail in self.active() {
-            let load = estimate.size(trail.seen) * trail.weight;
+            let load = estimate.size(trail) * trail.weight;
             total += load;
             active += 1;
             members_seen += trail.seen;
@@ -578,7 +581,7 @@ impl BurstPlan {
         // the replicas it overflows would each take a sliver of it. Not while new groups keep
         // appearing: the newest have only begun, and their ranks say nothing of their sizes.
         let split_fresh_from = new_homes
-            .filter(|_| estimate.takes_prior() && !still_appearing)
+            .filter(|_| estimate.first.takes_prior() && !still_appearing)
             .map(|homes| (fleet.level * (1.0 + homes.from)).max(fleet.ceiling));
 
         fresh.sort_by(|&a, &b| {
@@ -604,7 +607,7 @@ impl BurstPlan {
             let Some(trail) = self.trails.get_mut(&groups[g].key) else {
                 continue;
             };
-            let size = estimate.size(trail.seen) * trail.weight;
+            let size = estimate.size(trail) * trail.weight;
             let cached = groups[g]
                 .cached_on
                 .iter()
@@ -774,6 +777,50 @@ impl BurstPlan {
         self.arrivals.saturating_sub(self.newest_group_from) < 4 * self.new_group_spacing()
     }
 
+    /// Where (in `arrivals`) a second wave of groups began while the first was still arriving
+    /// (the next step of a training loop sent before the last one ended), if one did: at least
+    /// four groups (and an eighth as many as the first wave has) whose first members came after
+    /// a pause in new groups at least twice as long as the first wave has groups and eight of
+    /// its spacings between them, and whose counts grow, since their first members, at least
+    /// 70% as fast per millisecond as the first wave's. The groups that begin late within one
+    /// burst are its smallest, and grow more slowly.
+    fn second_wave(&self) -> Option<u64> {
+        let mut firsts: Vec<u64> = self
+            .active()
+            .filter(|t| t.seen > 1)
+            .map(|t| t.first_arrival)
+            .collect();
+        if firsts.len() < 4 {
+            return None;
+        }
+        firsts.sort_unstable();
+        let (k, pause) = firsts
+            .windows(2)
+            .enumerate()
+            .map(|(i, w)| (i + 1, w[1] - w[0]))
+            .max_by_key(|&(i, pause)| (pause, std::cmp::Reverse(i)))?;
+        let (first_wave, second_wave) = (k, firsts.len() - k);
+        let spacing = (firsts[k - 1] - firsts[0]) / (first_wave as u64 - 1).max(1);
+        let from = firsts[k];
+        let growth = |second: bool| {
+            let (mut sum, mut groups) = (0.0, 0.0);
+            for trail in self
+                .active()
+                .filter(|t| t.seen > 1 && (t.first_arrival >= from) == second)
+            {
+                let age_ms = self.now_ms.saturating_sub(trail.first_ms).max(1) as f64;
+                sum += (trail.seen - 1) as f64 / age_ms;
+                groups += 1.0;
+            }
+            sum / f64::max(groups, 1.0)
+        };
+        (second_wave >= 4.max(first_wave / 8)
+            && pause >= 2 * first_wave as u64
+            && pause > 8 * spacing
+            && growth(true) >= 0.7 * growth(false))
+        .then_some(from)
+    }
+
     /// Arrivals between the first members of successive groups of two or more, over the
     /// active ones: about one group's size when groups arrive one after the other, a few
     /// requests when a burst's groups are shuffled together.
@@ -804,7 +851,7 @@ impl BurstPlan {
     /// below the floor while none is above the ceiling pulls from the most planned one, along
     /// shared groups only. A replica over the ceiling with nothing to move (loaded by other
     /// traffic) is passed over.
-    fn rebalance(&mut self, fleet: &mut Fleet<'_>, estimate: &SizeEstimate, new_homes: NewHomes) {
+    fn rebalance(&mut self, fleet: &mut Fleet<'_>, estimate: &Estimates, new_homes: NewHomes) {
         let floor = fleet.floor();
         if fleet
             .planned
@@ -1080,7 +1127,7 @@ struct Links {
 impl Links {
     /// Becomes the links of `plan`'s active groups over `fleet`, reusing its buffers: the
     /// plan keeps one `Links` between windows, so a warm window allocates nothing for it.
-    fn fill(&mut self, plan: &BurstPlan, fleet: &Fleet<'_>, estimate: &SizeEstimate) {
+    fn fill(&mut self, plan: &BurstPlan, fleet: &Fleet<'_>, estimate: &Estimates) {
         let n = fleet.replicas.len();
         self.keys.clear();
         self.sizes.clear();
@@ -1102,7 +1149,7 @@ impl Links {
                 }
             }
             self.keys.push(*key);
-            self.sizes.push(estimate.size(trail.seen) * trail.weight);
+            self.sizes.push(estimate.size(trail) * trail.weight);
         }
     }
 
@@ -1424,6 +1471,62 @@ impl SizeEstimate {
     fn size(&self, seen: usize) -> f64 {
         let prior = Self::lookup(&self.prior, seen, self.mean);
         prior + self.kept * (seen as f64 - prior)
+    }
+}
+
+/// The size estimates of the groups of one wave, or of two when a second began while the first
+/// was still arriving ([`BurstPlan::second_wave`]): each wave's counts are at their own stage,
+/// and only the first wave's follow the previous burst's sizes.
+struct Estimates {
+    /// Groups whose first member came at or after this arrival are of the second wave.
+    second_from: Option<u64>,
+    first: SizeEstimate,
+    second: SizeEstimate,
+    /// What turns the second wave's estimates into the first's units: its groups are expected
+    /// to be as large on average as the first wave's (a step of a training loop is much like
+    /// the last). Without it, a second wave's groups, only begun, would weigh next to nothing
+    /// beside the first's, and would crowd onto whichever replicas the first wave's counts
+    /// left behind for the moment.
+    second_scale: f64,
+}
+
+impl Estimates {
+    /// The estimates of `plan`'s active groups, `settled` the share of the previous burst's
+    /// requests the first wave has brought.
+    fn of(plan: &BurstPlan, settled: f64) -> Self {
+        let second_from = plan.second_wave();
+        let in_second = |t: &Trail| second_from.is_some_and(|from| t.first_arrival >= from);
+        let first = SizeEstimate::of(
+            plan.active().filter(|t| !in_second(t)).map(|t| t.seen),
+            &plan.previous_sizes,
+            settled,
+        );
+        let second = SizeEstimate::of(
+            plan.active().filter(|t| in_second(t)).map(|t| t.seen),
+            &[],
+            0.0,
+        );
+        let second_scale = if second.mean > 0.0 {
+            first.mean / second.mean
+        } else {
+            1.0
+        };
+        Estimates {
+            second_from,
+            first,
+            second,
+            second_scale,
+        }
+    }
+
+    /// The estimated size of `trail`'s group.
+    fn size(&self, trail: &Trail) -> f64 {
+        match self.second_from {
+            Some(from) if trail.first_arrival >= from => {
+                self.second.size(trail.seen) * self.second_scale
+            }
+            _ => self.first.size(trail.seen),
+        }
     }
 }
 
