@@ -592,7 +592,9 @@ def report(args):
     runs = []
     for path in args.files:
         with open(path) as f:
-            runs.append(json.load(f))
+            doc = json.load(f)
+        # A run's own file, or the results file of a whole bench (re-reported).
+        runs.extend(doc["runs"] if "runs" in doc else [doc])
     rows = [summarize(r, s) for r in runs for s in r["shapes"]]
     rows.sort(key=lambda x: (x["round"], x["shape"], x["target"] != "switchyard", x["target"]))
     print("| round | shape | target | prefill tok | ideal tok | prefill/ideal | hit rate (ideal) "
@@ -621,9 +623,90 @@ def report(args):
             x["round"], x["shape"], x["target"], f(x["client_send_spread_ms"]),
             f(x["router_arrival_spread_ms"]),
             ", ".join(str(w) for w in x["windows_per_step"]) or "–"))
+    goals = goal_rows(runs)
+    if goals:
+        print()
+        print("Against the goal, over the whole run: every step of a burst shape within P + R − 1 "
+              "placements with every replica within 10% of its share (or 2 requests), no "
+              "errors, and p99 over all its requests at most sglang's; multi-turn and shared "
+              "prefix at least sglang's hit rate, both measured against the best their own "
+              "fresh prompts allow. Rounds: those whose own p99 (or hit rate) was on the "
+              "wrong side.")
+        print()
+        print("| shape | steps within bounds | errors | switchyard | sglang | rounds | met |")
+        print("|---|---|---|---|---|---|---|")
+        for g in goals:
+            print("| %d %s | %s | %d | %s | %s | %s | %s |" % (
+                g["shape"], g["name"], g["within"], g["errors"], g["ours"], g["theirs"],
+                g["rounds_behind"], "yes" if g["met"] else "**no**"))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"summary": rows, "runs": runs}, f)
+            json.dump({"summary": rows, "goals": goals, "runs": runs}, f)
+
+
+def step_within_bounds(step, nrep):
+    """Whether a step kept P + R − 1 placements and every replica within 10% of its share (or
+    two requests)."""
+    ok = [r for r in step["requests"] if r.get("status") == 200]
+    if not ok or not all(r.get("replica") for r in ok):
+        return False
+    placements = len({(r["group"], r["replica"]) for r in ok})
+    share = len(step["requests"]) / nrep
+    off = max(0.1 * share, 2)
+    even = all(abs(d["requests"] - share) <= off for d in step["replicas"])
+    return placements <= step["groups"] + nrep - 1 and even
+
+
+def goal_rows(runs):
+    """The goal of the bench per shape, over every round of both targets, when both ran."""
+    by = {}
+    for run in runs:
+        for sres in run["shapes"]:
+            by.setdefault(sres["shape"], {}).setdefault(run["target"], []).append((run, sres))
+    goals = []
+    for shape in sorted(by):
+        targets = by[shape]
+        if "switchyard" not in targets or "sglang" not in targets:
+            continue
+        ours, theirs = targets["switchyard"], targets["sglang"]
+        name, kind = ours[0][1]["name"], ours[0][1]["kind"]
+        oks = lambda pairs: [r for _, s in pairs for st in s["steps"]  # noqa: E731
+                             for r in st["requests"] if r.get("status") == 200]
+        errors = sum(len(st["requests"]) for _, s in ours for st in s["steps"]) - len(oks(ours))
+        by_round = {run["round"]: summarize(run, s) for run, s in theirs}
+        if kind == "burst":
+            steps = [(len(run["replicas"]), st) for run, s in ours for st in s["steps"]]
+            within = sum(step_within_bounds(st, nrep) for nrep, st in steps)
+            p99 = lambda pairs: pct([r["end_ms"] - r["start_ms"] for r in oks(pairs)], 99)  # noqa: E731
+            mine, other = p99(ours), p99(theirs)
+            behind = [run["round"] for run, s in ours
+                      if summarize(run, s)["p99_ms"] > by_round[run["round"]]["p99_ms"]]
+            met = within == len(steps) and errors == 0 and mine <= other
+            row = {"within": "%d of %d" % (within, len(steps)), "ours": "p99 %.0f ms" % mine,
+                   "theirs": "p99 %.0f ms" % other}
+        else:
+            # Each target gets fresh prompts, so each has its own best reachable hit rate:
+            # the rates are compared by how far each falls short of its own.
+            def hit_rates(pairs):
+                tally = lambda key: sum(d[key] for _, s in pairs  # noqa: E731
+                                        for st in s["steps"] for d in st["replicas"])
+                ideal = sum(st["ideal_tokens"] for _, s in pairs for st in s["steps"])
+                queries = tally("queries")
+                return tally("hits") / queries, 1 - ideal / queries
+
+            def short(x):
+                return x["ideal_hit_rate"] - x["hit_rate"]
+            (mine, mine_ideal), (other, other_ideal) = hit_rates(ours), hit_rates(theirs)
+            behind = [run["round"] for run, s in ours
+                      if short(summarize(run, s)) > short(by_round[run["round"]])]
+            met = errors == 0 and mine_ideal - mine <= other_ideal - other
+            row = {"within": "–",
+                   "ours": "hit rate %.1f%% (ideal %.1f%%)" % (100 * mine, 100 * mine_ideal),
+                   "theirs": "hit rate %.1f%% (ideal %.1f%%)" % (100 * other, 100 * other_ideal)}
+        row.update({"shape": shape, "name": name, "errors": errors, "met": met,
+                    "rounds_behind": ", ".join(str(r) for r in behind) or "none"})
+        goals.append(row)
+    return goals
 
 
 def main():
