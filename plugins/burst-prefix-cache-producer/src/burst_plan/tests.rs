@@ -1172,7 +1172,7 @@ fn a_stream_of_groups_that_never_pauses_keeps_a_bounded_prior() {
     );
 }
 
-/// Steps of `bench/bursts` shape 5 as they reached the router in sixteen live runs of two or
+/// Steps of `bench/bursts` shape 5 as they reached the router in eighteen live runs of two or
 /// four rounds:
 /// for each step, `# run R step S`, then one line per window: the time it was placed (ms, on
 /// the router's clock) and the group of each of its requests in arrival order.
@@ -1225,7 +1225,10 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
     // - after the first prompts of a step sent in turn stopped being split on a prior:
     //   16, 16; 17, 17; 16, 16; 17, 19;
     // - after prompts sent in turn went round the replicas: 19, 15; 17, 17; 17, 15; 17, 14
-    //   and 18, 18; 17, 17; 17, 14; 17, 17.
+    //   and 18, 18; 17, 17; 17, 14; 17, 17;
+    // - after new homes past P + R − 1 waited too, and a replica out of reach got one only for
+    //   as large a shortfall as an over replica needs: 16, 17; 18, 14; 17, 14; 17, 14;
+    // - after a second wave of groups got its own estimate: 17, 14; 18, 16; 18, 17; 17, 16.
     // Every replica must end within 10% of its share. Over the bound: no second step (with
     // the sizes of the first to go by), and one first step (no sizes to carry), by at most
     // four. Opening new homes that close a cycle of groups and replicas for any excess past
@@ -1269,12 +1272,13 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
         "first steps: {firsts:?}"
     );
     // A replica prefills each prompt it gets a part of, and the step's slowest requests wait
-    // on the replica with the most. At most three on each in 73 of the 104 steps, and never
-    // more than five; rescuing a replica out of reach for any shortfall below the floor, not
-    // only one as large as the excess that gets an over replica a new home: 60 and six.
+    // on the replica with the most. At most three on each in 87 of the 120 steps, and never
+    // more than five (in four); rescuing a replica out of reach for any shortfall below the
+    // floor, not only one as large as the excess that gets an over replica a new home, four or
+    // more in 47 steps and five in six.
     let busy = prompts_on_busiest.iter().filter(|&&p| p > 3).count();
     assert!(
-        busy <= 31 && most(&prompts_on_busiest) <= 5,
+        busy <= 33 && most(&prompts_on_busiest) <= 5,
         "most prompts on a replica: {prompts_on_busiest:?}"
     );
 }
