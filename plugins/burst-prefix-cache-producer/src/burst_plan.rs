@@ -231,6 +231,9 @@ struct WindowView {
     /// When a replica got a new home in the window; `None` when its groups did not look
     /// complete, so nothing split.
     new_homes: Option<NewHomes>,
+    /// How many active groups the window took for a second wave (see
+    /// [`BurstPlan::second_wave`]); `None` when it saw one wave.
+    second_wave_groups: Option<usize>,
 }
 
 impl WindowView {
@@ -278,6 +281,7 @@ impl WindowView {
             "newHomesWaitUpTo": self.new_homes.and_then(|h| h.waiting).map(rounded),
             "newHomesFrom": self.new_homes.map(|h| rounded(h.from)),
             "pastBoundHomesFrom": self.new_homes.map(|h| rounded(h.past_bound)),
+            "secondWaveGroups": self.second_wave_groups,
             "replicas": replicas,
         })
     }
@@ -658,6 +662,7 @@ impl BurstPlan {
         }
         self.latest.record(now_ms, groups, &fleet, &base);
         self.latest.new_homes = new_homes;
+        self.latest.second_wave_groups = estimate.second_from.map(|_| estimate.second_groups);
         if starts_burst {
             self.burst_start.clone_from(&self.latest);
         }
@@ -1482,6 +1487,7 @@ struct Estimates {
     second_from: Option<u64>,
     first: SizeEstimate,
     second: SizeEstimate,
+    second_groups: usize,
     /// What turns the second wave's estimates into the first's units: its groups are expected
     /// to be as large on average as the first wave's (a step of a training loop is much like
     /// the last). Without it, a second wave's groups, only begun, would weigh next to nothing
@@ -1506,6 +1512,11 @@ impl Estimates {
             &[],
             0.0,
         );
+        let second_groups = if second_from.is_some() {
+            plan.active().filter(|t| in_second(t)).count()
+        } else {
+            0
+        };
         let second_scale = if second.mean > 0.0 {
             first.mean / second.mean
         } else {
@@ -1515,6 +1526,7 @@ impl Estimates {
             second_from,
             first,
             second,
+            second_groups,
             second_scale,
         }
     }

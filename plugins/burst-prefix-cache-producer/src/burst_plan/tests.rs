@@ -439,6 +439,47 @@ fn overlapping_steps_land_whole_and_balanced() {
 }
 
 #[test]
+fn the_state_shows_a_second_wave_only_while_one_overlaps_the_first() {
+    // Half-way through the first of two overlapping steps of 32 × 16 the window sees one wave;
+    // once the second step's prompts have begun, two, the second with its own groups.
+    let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
+    let mut plan = BurstPlan::new(2000, 100);
+    let key = |g: usize| GroupKey::of(&[g as u64 + 1]).unwrap();
+    let mut next = switchyard_plugin_api::testing::numbers(5);
+    let first = shuffled_arrivals(&[16; 32], &mut next);
+    let second: Vec<usize> = shuffled_arrivals(&[16; 32], &mut next)
+        .into_iter()
+        .map(|g| 256 | g)
+        .collect();
+    let mut load = vec![0u64; 8];
+    let mut place = |plan: &mut BurstPlan, at: u64, window: &[usize]| {
+        for r in place_window(plan, at, window, key, &ids, &load) {
+            load[r] += 1;
+        }
+    };
+    for (k, window) in first[..256].chunks(8).enumerate() {
+        place(&mut plan, k as u64, window);
+    }
+    let latest = &plan.describe()["latestWindow"];
+    assert_eq!(
+        latest["secondWaveGroups"],
+        serde_json::Value::Null,
+        "{latest}"
+    );
+    for (k, (old, new)) in first[256..]
+        .chunks(4)
+        .zip(second[..128].chunks(4))
+        .enumerate()
+    {
+        let window: Vec<usize> = old.iter().chain(new).copied().collect();
+        place(&mut plan, 32 + k as u64, &window);
+    }
+    let latest = &plan.describe()["latestWindow"];
+    let groups = latest["secondWaveGroups"].as_u64().expect("a second wave");
+    assert!((16..=32).contains(&groups), "{latest}");
+}
+
+#[test]
 fn one_prompt_alone_spreads_over_the_replicas_as_it_grows() {
     // A single prompt's 256 samples, four a window, over 8 replicas.
     let mut plan = BurstPlan::new(2000, 100);
