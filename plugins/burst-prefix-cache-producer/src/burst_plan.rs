@@ -52,14 +52,13 @@
 //!    excess that gets a new home grows from the ceiling's to [`SETTLED_EXCESS`], within the
 //!    balance bound, unless a replica below the floor that far can be reached no other way: a
 //!    replica under the level gets a new home for no smaller a shortfall than a replica over
-//!    it for its excess, since each is a prefill. The
-//!    groups and replicas linked by placements stay within P + R − 1 placements as long as
-//!    they form a forest: a new home on a replica the group already reaches through other
-//!    shared groups, none able to carry more, closes a cycle, and spends a placement a later
-//!    home joining two separate trees would need. Such a home, and any home once the active
-//!    groups have P + R − 1 placements, waits until a replica would otherwise end outside the
-//!    balance bound (over the level, or the replica meant to relieve it under, by
-//!    [`PAST_BOUND_EXCESS`]).
+//!    it for its excess, since each is a prefill. The groups and replicas linked by
+//!    placements stay within P + R − 1 placements as long as they form a forest: a new home
+//!    on a replica the group already reaches through other shared groups, none able to carry
+//!    more, closes a cycle, and spends a placement a later home joining two separate trees
+//!    would need. Such a home, and any home once the active groups have P + R − 1
+//!    placements, waits until a replica would otherwise end outside the balance bound (over
+//!    the level, or the replica meant to relieve it under, by [`PAST_BOUND_EXCESS`]).
 //!    While new groups keep appearing at their usual spacing (prompts sent one after the
 //!    other), a replica may run up to one group ahead of the level: the next group goes where
 //!    the earlier ones left room.
@@ -353,10 +352,9 @@ const SETTLED_EXCESS: f64 = 0.08;
 /// the previous one: the balance bound's 10%. Groups and replicas linked by placements keep
 /// those within P + R − 1 as long as they form a forest; a cycle spends a placement that only
 /// a tree joining the rest may need, and a placement past the bound is worth it only to keep a
-/// replica within the balance bound. Before
-/// that point the allowance grows from the ceiling's with the share of the previous burst's
-/// requests: early counts cannot tell a replica that will end far from its share from one
-/// that will end near it.
+/// replica within the balance bound. Before that point the allowance grows from the ceiling's
+/// with the share of the previous burst's requests: early counts cannot tell a replica that
+/// will end far from its share from one that will end near it.
 const PAST_BOUND_EXCESS: f64 = 0.1;
 
 /// Groups `BurstPlan::describe` lists, the most seen first.
@@ -874,9 +872,8 @@ impl BurstPlan {
     /// The moves of [`BurstPlan::rebalance`], over `links` filled for this window. A replica
     /// over the level by `new_homes.from` of it or less gets no new home, unless one that far
     /// below the level and below the floor can be reached no other way (then only
-    /// `new_homes.waiting` holds it back); a new
-    /// home that closes a cycle, or goes past P + R − 1 placements, needs `new_homes.past_bound`
-    /// of excess or shortfall.
+    /// `new_homes.waiting` holds it back); a new home that closes a cycle, or goes past
+    /// P + R − 1 placements, needs `new_homes.past_bound` of excess or shortfall.
     fn rebalance_along(&mut self, links: &mut Links, fleet: &mut Fleet<'_>, new_homes: NewHomes) {
         let waiting = new_homes.waiting;
         let n = fleet.replicas.len();
