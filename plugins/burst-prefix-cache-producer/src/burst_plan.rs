@@ -48,7 +48,10 @@
 //!    requests (or lasted as long), a replica may run further over before it gets a new home
 //!    (and the new home as far), from [`URGENT_EXCESS`] at the start down to the ceiling: a
 //!    new home opened on early, noisy counts is often one the final sizes would not have
-//!    needed, and each costs a prefill. As the burst nears the previous one's requests, the
+//!    needed, and each costs a prefill. Meanwhile an excess of up to one mean group, fading
+//!    with the square of what is left of the wait, gets no new home either: while replicas
+//!    hold one or two groups each, which replica is over says where groups landed, not how
+//!    large they are. As the burst nears the previous one's requests, the
 //!    excess that gets a new home grows from the ceiling's to [`SETTLED_EXCESS`], within the
 //!    balance bound, unless a replica below the floor that far can be reached no other way: a
 //!    replica under the level gets a new home for no smaller a shortfall than a replica over
@@ -298,18 +301,29 @@ struct NewHomes {
     /// The excess, or the shortfall of the replica meant to relieve it, that gets a new home
     /// closing a cycle or past P + R − 1 placements (see [`PAST_BOUND_EXCESS`]).
     past_bound: f64,
+    /// While new homes wait: an excess (in load, not a share) that gets no new home however
+    /// the shares compare, up to one mean group at the burst's start and fading with the
+    /// square of what is left of the wait. While replicas hold one or two groups each, one
+    /// group more or less is what sets them apart, and the first counts cannot yet tell which
+    /// group to split.
+    lumps: f64,
 }
 
 impl NewHomes {
     /// The allowances once the burst has brought `settled` of the previous one's requests:
     /// each grows from the ceiling's towards its settled value, as the counts near the
-    /// groups' sizes.
-    fn at(waiting: Option<f64>, settled: f64) -> Self {
+    /// groups' sizes. `mean_group` is the estimated load of a group, on average.
+    fn at(waiting: Option<f64>, settled: f64, mean_group: f64) -> Self {
         let grown = |to: f64| ALLOWANCE / 2.0 + (to - ALLOWANCE / 2.0) * settled;
+        // What is left of the wait, 1 at its start and 0 at its end.
+        let left = waiting.map_or(0.0, |w| {
+            ((w - ALLOWANCE / 2.0) / (URGENT_EXCESS - ALLOWANCE / 2.0)).clamp(0.0, 1.0)
+        });
         NewHomes {
             waiting,
             from: waiting.unwrap_or(0.0).max(grown(SETTLED_EXCESS)),
             past_bound: grown(PAST_BOUND_EXCESS),
+            lumps: mean_group * left * left,
         }
     }
 }
@@ -577,7 +591,7 @@ impl BurstPlan {
         let waiting = complete
             .then(|| self.new_homes_wait(window_requests))
             .flatten();
-        let new_homes = complete.then(|| NewHomes::at(waiting, settled));
+        let new_homes = complete.then(|| NewHomes::at(waiting, settled, mean_group));
         // With the previous burst's sizes to go by, a group found larger than a share is split
         // when it is first placed, before the smaller groups fill in around it: split later,
         // the replicas it overflows would each take a sliver of it. Not while new groups keep
@@ -970,7 +984,7 @@ impl BurstPlan {
                 }
                 _ => held,
             };
-            if excess <= held * fleet.level {
+            if excess <= (held * fleet.level).max(new_homes.lumps) {
                 passed[over] = true;
                 continue;
             }

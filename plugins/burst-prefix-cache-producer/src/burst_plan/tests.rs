@@ -1086,6 +1086,28 @@ fn a_smaller_step_sent_at_the_same_pace_ends_near_balance() {
 }
 
 #[test]
+fn early_windows_of_one_or_two_groups_a_replica_split_on_later_counts() {
+    // Shape 5 after a step that came in one window, cut into windows of 60 requests: the
+    // first windows leave each replica one or two groups, and which replica is over is then a
+    // matter of which group landed where, not of sizes the counts can tell yet. While the wait
+    // is on, an excess of up to a group (fading as the step comes on) gets no new home: with
+    // the shares' allowance alone, 27 of 100 orders went over P + R − 1 and 5 ended out of
+    // balance.
+    let cuts = [60, 60, 60, 60, 60, 60, 60, 92];
+    let (mut over, mut outside) = (0, 0);
+    for seed in 1..=100 {
+        let mut plan = BurstPlan::new(2000, 100);
+        let _ = burst_cut_as(&mut plan, &SHAPE_5, seed + 1000, &[512]);
+        let (load, pairs) =
+            burst_cut_as_from(&mut plan, &SHAPE_5, seed, &cuts, 1000, STEP_SPREAD_MS);
+        over += usize::from(pairs > 19);
+        outside += usize::from(load.iter().any(|&l| l.abs_diff(64) > 6));
+    }
+    assert!(over <= 22, "{over} of 100 orders over P + R − 1");
+    assert!(outside <= 3, "{outside} of 100 orders out of balance");
+}
+
+#[test]
 fn equal_groups_after_a_shorter_step_still_land_whole() {
     // 32 × 16 over 250 ms after 32 × 16 over 30 ms, in windows of 1 to 40 requests: a count's
     // noise fades as the step nears the last one's requests, but the spread of 32 counts is
@@ -1272,10 +1294,10 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
     // - after a second wave of groups got its own estimate: 17, 14; 18, 16; 18, 17; 17, 16
     //   and 16, 15; 16, 16; 17, 15; 17, 22 (the 22 after a step that came in one window, its
     //   first window 46 requests: four groups split on those first counts, five more homes
-    //   later).
-    // Every replica must end within 10% of its share. Over the bound: one second step (with
-    // the sizes of the first to go by), the 22 above, and one first step (no sizes to carry),
-    // by four. Opening new homes that close a cycle of groups and replicas for any excess past
+    //   later; it replays as 19 since an early excess of up to a group waits).
+    // Every replica must end within 10% of its share. Over the bound: no second step (with
+    // the sizes of the first to go by), and one first step (no sizes to carry), by four.
+    // Without the early tolerance of a group, the 22 above replays as 22. Opening new homes that close a cycle of groups and replicas for any excess past
     // the allowance: three second steps over, up to 21, and six first; holding those back but
     // not the homes past P + R − 1, two and three; and those too, but rescuing a replica
     // under the level from any shortfall below the floor, one and two.
@@ -1310,22 +1332,20 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
     }
     let over = |steps: &[usize]| steps.iter().filter(|&&p| p > 19).count();
     let most = |steps: &[usize]| steps.iter().copied().max().unwrap_or(0);
-    assert!(
-        over(&seconds) <= 1 && most(&seconds) <= 22,
-        "second steps: {seconds:?}"
-    );
+    assert!(over(&seconds) == 0, "second steps: {seconds:?}");
     assert!(
         over(&firsts) <= 1 && most(&firsts) <= 23,
         "first steps: {firsts:?}"
     );
     // A replica prefills each prompt it gets a part of, and the step's slowest requests wait
-    // on the replica with the most. At most three on each in 94 of the 128 steps, and never
-    // more than five (in four); rescuing a replica out of reach for any shortfall below the
-    // floor, not only one as large as the excess that gets an over replica a new home, four or
-    // more in 47 of the first 120 steps and five in six.
+    // on the replica with the most. At most three on each in 97 of the 128 steps, and never
+    // more than five (in four); 94 without the early tolerance of a group; rescuing a replica
+    // out of reach for any shortfall below the floor, not only one as large as the excess
+    // that gets an over replica a new home, four or more in 47 of the first 120 steps and
+    // five in six.
     let busy = prompts_on_busiest.iter().filter(|&&p| p > 3).count();
     assert!(
-        busy <= 34 && most(&prompts_on_busiest) <= 5,
+        busy <= 31 && most(&prompts_on_busiest) <= 5,
         "most prompts on a replica: {prompts_on_busiest:?}"
     );
 }
