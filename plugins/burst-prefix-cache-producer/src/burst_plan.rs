@@ -117,6 +117,15 @@ pub struct WindowGroup<'a> {
     pub cached_on: &'a [usize],
 }
 
+/// Where a remembered group stands: still arriving; paused past its limit while the whole
+/// stream may only have stalled; or stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Standing {
+    Arriving,
+    Stalled,
+    Stopped,
+}
+
 /// What the plan remembers of one group.
 #[derive(Debug)]
 struct Trail {
@@ -490,8 +499,16 @@ impl BurstPlan {
         let window_from = self.arrivals;
         self.now_ms = now_ms;
         // No group of two or more still arriving: a group this window completes starts a
-        // burst.
-        let quiet = !self.active().any(|t| t.seen > 1);
+        // burst. Groups of two or more past their pause limit but kept for a stall of the
+        // whole stream do not count when this window brings none of them: the stream resumed
+        // with other groups, the next step of a training loop after the last one's slow tail.
+        let stalled = |t: &Trail| t.seen > 1 && self.standing(t) == Standing::Stalled;
+        let resumes = groups.iter().any(|g| {
+            !g.positions.is_empty() && self.trails.get(&g.key).is_some_and(|t| stalled(t))
+        });
+        let quiet = !self
+            .active()
+            .any(|t| t.seen > 1 && (resumes || self.standing(t) == Standing::Arriving));
         let mut fresh = Vec::new();
         for (g, group) in groups.iter().enumerate() {
             if group.positions.is_empty() {
@@ -527,10 +544,11 @@ impl BurstPlan {
         let burst_groups = self.active().filter(|t| t.seen > 1).count() as u64;
         let starts_burst = quiet && burst_groups > 0;
         if starts_burst {
-            // Its first member may have come before this window, placed alone.
+            // Its first member may have come before this window, placed alone; a group of the
+            // last burst kept for a stall of the stream is not part of it.
             let (from, from_ms) = self
                 .active()
-                .filter(|t| t.seen > 1)
+                .filter(|t| t.seen > 1 && self.standing(t) == Standing::Arriving)
                 .map(|t| (t.first_arrival, t.first_ms))
                 .fold((window_from, now_ms), |(a, a_ms), (b, b_ms)| {
                     (a.min(b), a_ms.min(b_ms))
@@ -748,26 +766,46 @@ impl BurstPlan {
     /// A pause of the whole stream — the client or the router stalled, and what was sent
     /// meanwhile comes in one window — is not a group stopping: past its pause, a group also
     /// needs eight of its mean gaps counted in requests that arrived without it, unless the
-    /// pause lasted four times its limit (the next step of a training loop, say).
+    /// pause lasted four times its limit (the next step of a training loop, say). When the
+    /// stream resumes with none of the paused groups, only others, the next burst has begun
+    /// (the next step after the slow tail of the last), and the paused groups have stopped.
     fn active(&self) -> impl Iterator<Item = &Trail> + Clone {
         self.trails.values().filter(|t| self.is_active(t))
     }
 
     fn is_active(&self, trail: &Trail) -> bool {
+        self.standing(trail) != Standing::Stopped
+    }
+
+    /// Where `trail`'s group stands in the window being placed (see [`BurstPlan::active`]). Only
+    /// a group with members in the current burst can be stalled: once the next burst has
+    /// begun, a group of the last one that paused past its limit has stopped.
+    fn standing(&self, trail: &Trail) -> Standing {
         let paused_ms = self.now_ms.saturating_sub(trail.last_ms);
         if trail.seen < 2 {
             // No pace yet: a group's second member may be far behind its first.
-            return paused_ms <= self.memory_ms / 4;
+            return if paused_ms <= self.memory_ms / 4 {
+                Standing::Arriving
+            } else {
+                Standing::Stopped
+            };
         }
         let members_between = trail.seen as u64 - 1;
         let pace = (trail.last_ms - trail.first_ms) / members_between;
         let limit = (8 * pace).max(self.window_ms).min(self.memory_ms / 2);
         if paused_ms <= limit {
-            return true;
+            return Standing::Arriving;
         }
         let arrivals_gap = (trail.last_arrival - trail.first_arrival).div_ceil(members_between);
         let arrived_without = self.arrivals.saturating_sub(trail.last_arrival + 1);
-        paused_ms <= 4 * limit && arrived_without < 8 * arrivals_gap.max(1)
+        if trail.last_arrival >= self.burst_from
+            && paused_ms <= 4 * limit
+            && arrived_without < 8 * arrivals_gap.max(1)
+        {
+            Standing::Stalled
+        } else {
+            Standing::Stopped
+        }
     }
 
     /// Whether the burst's groups look all known: twice as many members as there are

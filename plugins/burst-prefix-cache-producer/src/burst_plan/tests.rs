@@ -1086,6 +1086,32 @@ fn a_smaller_step_sent_at_the_same_pace_ends_near_balance() {
 }
 
 #[test]
+fn the_slow_tail_of_a_step_does_not_hide_the_start_of_the_next() {
+    // Shape 5 over 250 ms in windows of 40, then, a second after it began, the next step the
+    // same way. The last step's smallest groups pace their requests 30 ms or more apart, and
+    // a pause of the whole stream keeps such a group for four of its limits; when the stream
+    // resumes with none of them, the next step begins (and the last one's requests and
+    // length say how far it has come). Kept as if stalled, they made the two steps one
+    // burst: no wait for new homes, 63 of 100 orders over P + R − 1 and 18 out of balance.
+    let cuts: Vec<usize> = std::iter::repeat_n(40, 12).chain([32]).collect();
+    let (mut over, mut outside) = (0, 0);
+    for seed in 1..=100 {
+        let mut plan = BurstPlan::new(2000, 100);
+        let _ = burst_cut_as_from(&mut plan, &SHAPE_5, seed + 1000, &cuts, 0, 250);
+        let (load, pairs) = burst_cut_as_from(&mut plan, &SHAPE_5, seed, &cuts, 1000, 250);
+        assert_eq!(
+            plan.describe()["previousBurst"]["requests"],
+            512,
+            "order {seed}"
+        );
+        over += usize::from(pairs > 19);
+        outside += usize::from(load.iter().any(|&l| l.abs_diff(64) > 6));
+    }
+    assert!(over <= 34, "{over} of 100 orders over P + R − 1");
+    assert!(outside == 0, "{outside} of 100 orders out of balance");
+}
+
+#[test]
 fn early_windows_of_one_or_two_groups_a_replica_split_on_later_counts() {
     // Shape 5 after a step that came in one window, cut into windows of 60 requests: the
     // first windows leave each replica one or two groups, and which replica is over is then a
@@ -1138,6 +1164,38 @@ fn equal_groups_after_unequal_ones_are_taken_as_equal() {
         second_step_over_live_cuts(FirstStep::Cut(&SHAPE_5), &[16; 32], 6, 10, STEP_SPREAD_MS);
     assert!(steps.placements <= 33.0, "{} placements", steps.placements);
     steps.assert_out_of_balance_at_most(0);
+}
+
+/// Prints, for shape 5 after a step of it cut the same way, placements and balance over 100
+/// orders when both steps come in even windows, spread over 50 or 250 ms (a slow client, or
+/// one whose requests the router reads at a steady pace): `cargo test -p
+/// burst-prefix-cache-producer even_cuts_table -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn even_cuts_table() {
+    for spread_ms in [STEP_SPREAD_MS, 250] {
+        for window in [23, 40, 60, 100] {
+            let mut cuts = vec![window; 512 / window];
+            if 512 % window > 0 {
+                cuts.push(512 % window);
+            }
+            let (mut over, mut outside, mut pairs_sum) = (0, 0, 0);
+            for seed in 1..=100 {
+                let mut plan = BurstPlan::new(2000, 100);
+                let _ = burst_cut_as_from(&mut plan, &SHAPE_5, seed + 1000, &cuts, 0, spread_ms);
+                let (load, pairs) =
+                    burst_cut_as_from(&mut plan, &SHAPE_5, seed, &cuts, 1000, spread_ms);
+                over += usize::from(pairs > 19);
+                outside += usize::from(load.iter().any(|&l| l.abs_diff(64) > 6));
+                pairs_sum += pairs;
+            }
+            println!(
+                "windows of {window} over {spread_ms} ms: {:.2} placements, {over} of 100 over \
+                 P + R - 1, {outside} out of balance",
+                pairs_sum as f64 / 100.0
+            );
+        }
+    }
 }
 
 /// Prints [`second_step_over_live_cuts`] per cut: `LIVE_CUTS_EACH=1 cargo test -p
