@@ -503,9 +503,9 @@ impl BurstPlan {
         // whole stream do not count when this window brings none of them: the stream resumed
         // with other groups, the next step of a training loop after the last one's slow tail.
         let stalled = |t: &Trail| t.seen > 1 && self.standing(t) == Standing::Stalled;
-        let resumes = groups.iter().any(|g| {
-            !g.positions.is_empty() && self.trails.get(&g.key).is_some_and(|t| stalled(t))
-        });
+        let resumes = groups
+            .iter()
+            .any(|g| !g.positions.is_empty() && self.trails.get(&g.key).is_some_and(&stalled));
         let quiet = !self
             .active()
             .any(|t| t.seen > 1 && (resumes || self.standing(t) == Standing::Arriving));
