@@ -52,6 +52,8 @@ SHAPES = {
             prefix_tokens=2048, spread_ms=1000),
     8: dict(name="32x16 prompt by prompt over 250 ms", kind="burst", groups=[16] * 32,
             spread_ms=250, prompt_by_prompt=True),
+    9: dict(name="12 unequal groups over 250 ms", kind="burst", groups=UNEQUAL_GROUPS,
+            spread_ms=250),
 }
 
 
@@ -723,7 +725,7 @@ def main():
                    help="comma-separated base URLs of the replicas (for /metrics)")
     r.add_argument("--replica-names", default="")
     r.add_argument("--admin", default="", help="switchyard's admin API base URL, if any")
-    r.add_argument("--shapes", default="1 2 3 4 5 6 7")
+    r.add_argument("--shapes", default="1 2 3 4 5 6 7 8 9")
     r.add_argument("--steps", type=int, default=2)
     r.add_argument("--model", default="mock-model")
     r.add_argument("--max-tokens", type=int, default=64)

@@ -12,7 +12,7 @@
 # Knobs (environment):
 #   ROUNDS (1)           each round runs every target once; the target order alternates
 #   TARGETS ("switchyard sglang")
-#   SHAPES ("1 2 3 4 5 6 7 8")   see README.md
+#   SHAPES ("1 2 3 4 5 6 7 8 9") see README.md
 #   STEPS (2)            steps per shape, each after the previous one completed
 #   REPLICAS (8)         mock replicas (ports 28401..)
 #   MAX_TOKENS (64)      output tokens per request
@@ -36,7 +36,7 @@ cd "$repo"
 
 ROUNDS=${ROUNDS:-1}
 TARGETS=${TARGETS:-switchyard sglang}
-SHAPES=${SHAPES:-1 2 3 4 5 6 7 8}
+SHAPES=${SHAPES:-1 2 3 4 5 6 7 8 9}
 STEPS=${STEPS:-2}
 REPLICAS=${REPLICAS:-8}
 MAX_TOKENS=${MAX_TOKENS:-64}
