@@ -506,9 +506,14 @@ impl BurstPlan {
         let resumes = groups
             .iter()
             .any(|g| !g.positions.is_empty() && self.trails.get(&g.key).is_some_and(&stalled));
-        let quiet = !self
-            .active()
-            .any(|t| t.seen > 1 && (resumes || self.standing(t) == Standing::Arriving));
+        let quiet = !self.trails.values().any(|t| {
+            t.seen > 1
+                && match self.standing(t) {
+                    Standing::Arriving => true,
+                    Standing::Stalled => resumes,
+                    Standing::Stopped => false,
+                }
+        });
         let mut fresh = Vec::new();
         for (g, group) in groups.iter().enumerate() {
             if group.positions.is_empty() {
@@ -692,7 +697,7 @@ impl BurstPlan {
         }
         self.latest.record(now_ms, groups, &fleet, &base);
         self.latest.new_homes = new_homes;
-        self.latest.second_wave_groups = estimate.second_from.map(|_| estimate.second_groups);
+        self.latest.second_wave_groups = estimate.second_from.map(|_| estimate.second.groups);
         if starts_burst {
             self.burst_start.clone_from(&self.latest);
         }
@@ -1441,6 +1446,8 @@ struct SizeEstimate {
     mean: f64,
     /// How much of a count's distance from its prior is kept (0: the prior alone).
     kept: f64,
+    /// The groups estimated.
+    groups: usize,
 }
 
 impl SizeEstimate {
@@ -1456,6 +1463,7 @@ impl SizeEstimate {
                 prior: Vec::new(),
                 mean: 0.0,
                 kept: 1.0,
+                groups: 0,
             };
         }
         sorted.sort_unstable_by(|a, b| b.cmp(a));
@@ -1508,7 +1516,12 @@ impl SizeEstimate {
         } else {
             0.0
         };
-        SizeEstimate { prior, mean, kept }
+        SizeEstimate {
+            prior,
+            mean,
+            kept,
+            groups: n,
+        }
     }
 
     /// Whether the counts were found to follow the previous burst's sizes.
@@ -1536,7 +1549,6 @@ struct Estimates {
     second_from: Option<u64>,
     first: SizeEstimate,
     second: SizeEstimate,
-    second_groups: usize,
     /// What turns the second wave's estimates into the first's units: its groups are expected
     /// to be as large on average as the first wave's (a step of a training loop is much like
     /// the last). Without it, a second wave's groups, only begun, would weigh next to nothing
@@ -1561,11 +1573,6 @@ impl Estimates {
             &[],
             0.0,
         );
-        let second_groups = if second_from.is_some() {
-            plan.active().filter(|t| in_second(t)).count()
-        } else {
-            0
-        };
         let second_scale = if second.mean > 0.0 {
             first.mean / second.mean
         } else {
@@ -1575,7 +1582,6 @@ impl Estimates {
             second_from,
             first,
             second,
-            second_groups,
             second_scale,
         }
     }
