@@ -70,7 +70,7 @@
 //! Equal groups thus land whole, four to a replica when 32 meet 8 replicas, and a group splits
 //! only when balance needs it, whichever windows its members arrive in.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 
 use crate::assign::Replica;
@@ -217,6 +217,8 @@ pub struct BurstPlan {
     previous_burst: Option<(u64, u64)>,
     /// The rebalance's buffers, kept between windows.
     links: Links,
+    /// The first arrivals [`BurstPlan::second_wave`] sorts, kept between windows.
+    first_arrivals: RefCell<Vec<u64>>,
     /// Per replica, one past the arrival of the newest active group's first member among the
     /// groups with a home there (0: none), for the window being placed.
     opened_at: Vec<u64>,
@@ -402,6 +404,7 @@ impl BurstPlan {
             previous_sizes: Vec::new(),
             last_burst_ms: None,
             links: Links::default(),
+            first_arrivals: RefCell::new(Vec::new()),
             opened_at: Vec::new(),
             latest: WindowView::default(),
             burst_start: WindowView::default(),
@@ -845,11 +848,13 @@ impl BurstPlan {
     /// 70% as fast per millisecond as the first wave's. The groups that begin late within one
     /// burst are its smallest, and grow more slowly.
     fn second_wave(&self) -> Option<u64> {
-        let mut firsts: Vec<u64> = self
-            .active()
-            .filter(|t| t.seen > 1)
-            .map(|t| t.first_arrival)
-            .collect();
+        let mut firsts = self.first_arrivals.borrow_mut();
+        firsts.clear();
+        firsts.extend(
+            self.active()
+                .filter(|t| t.seen > 1)
+                .map(|t| t.first_arrival),
+        );
         if firsts.len() < 4 {
             return None;
         }
