@@ -227,6 +227,10 @@ pub struct BurstPlan {
     /// two or more was still arriving), for `state`.
     latest: WindowView,
     burst_start: WindowView,
+    /// When (in `arrivals`, and on the plan's clock) the next round of new homes may open,
+    /// and whether the window being placed opened one: see [`BurstPlan::home_round_opens`].
+    next_home_round: (u64, u64),
+    home_round_open: bool,
 }
 
 /// One window as the plan saw it: per replica the load it carried, the part of that no
@@ -382,6 +386,15 @@ const SETTLED_EXCESS: f64 = 0.08;
 /// will end far from its share from one that will end near it.
 const PAST_BOUND_EXCESS: f64 = 0.1;
 
+/// How long a round of new homes lasts by time, in shares of the previous burst's length per
+/// replica (by requests, one share of its requests per replica): a client's spread varies from
+/// step to step more than its size, so time counts a little slower.
+const HOME_ROUND_TIME: f64 = 1.5;
+
+/// How far into a burst, as a share of the previous one's requests or length, new homes no
+/// longer wait for a round: the windows left are few, and what they cannot correct stays.
+const HOME_ROUNDS_END: f64 = 0.9;
+
 /// Groups `BurstPlan::describe` lists, the most seen first.
 const DESCRIBED_GROUPS: usize = 64;
 
@@ -408,6 +421,8 @@ impl BurstPlan {
             opened_at: Vec::new(),
             latest: WindowView::default(),
             burst_start: WindowView::default(),
+            next_home_round: (0, 0),
+            home_round_open: false,
         }
     }
 
@@ -450,6 +465,13 @@ impl BurstPlan {
             "previousBurstSizes": &self.previous_sizes,
             "previousBurst": self.previous_burst.map(|(requests, length_ms)| {
                 serde_json::json!({ "requests": requests, "lengthMs": length_ms })
+            }),
+            "nextHomeRound": self.previous_burst.filter(|&(_, ms)| ms > 0).map(|_| {
+                let (from, from_ms) = self.next_home_round;
+                serde_json::json!({
+                    "burstRequests": from.saturating_sub(self.burst_from),
+                    "atMs": from_ms,
+                })
             }),
             "groups": groups,
             "latestWindow": self.latest.describe(),
@@ -925,6 +947,7 @@ impl BurstPlan {
         {
             return;
         }
+        self.home_round_open = false;
         let mut links = std::mem::take(&mut self.links);
         links.fill(self, fleet, estimate);
         self.rebalance_along(&mut links, fleet, new_homes);
@@ -1047,7 +1070,10 @@ impl BurstPlan {
             // scatter single requests (and a group of two stays whole where it would even out
             // one request).
             let received = amount.min(links.movable(&self.trails, g, k));
-            if received <= fleet.per_member / 2.0 || links.sizes[g] <= 0.0 {
+            if received <= fleet.per_member / 2.0
+                || links.sizes[g] <= 0.0
+                || !self.home_round_opens(n)
+            {
                 passed[over] = true;
                 continue;
             }
@@ -1055,6 +1081,41 @@ impl BurstPlan {
             fleet.planned[over] -= amount;
             fleet.planned[target] += amount;
         }
+    }
+
+    /// Whether the window being placed may open a new home, over `replicas`. New homes come in
+    /// rounds: once a window opened one, the next window to open one must come after the burst
+    /// has brought another replica's share of the previous burst's requests, or lasted another
+    /// [`HOME_ROUND_TIME`] shares of its length.
+    /// A window decides on the counts so far, and a client whose burst reaches the router in
+    /// many small windows would otherwise have each of them correct the last one's guess with
+    /// a prefill of its own; a round is about what one window of a replica's share would
+    /// decide. No rounds without a previous burst to measure them by (one that came in one
+    /// window has no length, and says nothing of how a client spreads the next), nor once the
+    /// burst has brought [`HOME_ROUNDS_END`] of its requests or lasted that share of its length.
+    fn home_round_opens(&mut self, replicas: usize) -> bool {
+        if self.home_round_open {
+            return true;
+        }
+        let Some((requests, length_ms)) = self.previous_burst.filter(|&(_, ms)| ms > 0) else {
+            return true;
+        };
+        let elapsed_ms = self.now_ms.saturating_sub(self.burst_from_ms);
+        let near_end = self.share_of_previous() >= HOME_ROUNDS_END
+            || elapsed_ms as f64 >= HOME_ROUNDS_END * length_ms as f64;
+        let (from, from_ms) = self.next_home_round;
+        let due = self.arrivals >= from || self.now_ms >= from_ms;
+        if !(near_end || due) {
+            return false;
+        }
+        self.home_round_open = true;
+        let replicas = replicas.max(1) as u64;
+        let round_ms = HOME_ROUND_TIME * length_ms as f64 / replicas as f64;
+        self.next_home_round = (
+            self.arrivals + requests / replicas,
+            self.now_ms + round_ms as u64,
+        );
+        true
     }
 
     /// A burst starts with its first member, `window_from` (at `from_ms`): the group sizes of

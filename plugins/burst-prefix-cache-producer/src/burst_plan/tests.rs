@@ -1045,10 +1045,10 @@ fn the_first_unequal_step_waits_for_its_counts_too() {
     // excess over the ceiling, however near the end, 72 over P + R − 1; opening one that
     // closes a cycle of groups and replicas for less than the balance bound, 48; holding
     // those back but not the homes past P + R − 1, 28; rescuing a replica under the level
-    // from any shortfall below the floor, 21.
+    // from any shortfall below the floor, 21; 12 before new homes came in rounds, 13 since.
     let steps =
         second_step_over_live_cuts(FirstStep::Cut(&[128; 4]), &SHAPE_5, 6, 40, STEP_SPREAD_MS);
-    steps.assert_over_bound_at_most(12);
+    steps.assert_over_bound_at_most(13);
     steps.assert_out_of_balance_at_most(3);
 }
 
@@ -1107,6 +1107,7 @@ fn the_slow_tail_of_a_step_does_not_hide_the_start_of_the_next() {
     // resumes with none of them, the next step begins (and the last one's requests and
     // length say how far it has come). Kept as if stalled, they made the two steps one
     // burst: no wait for new homes, 63 of 100 orders over P + R − 1 and 18 out of balance.
+    // Ended, 34 over and none out; with new homes in rounds, 13 over and 2 out.
     let cuts: Vec<usize> = std::iter::repeat_n(40, 12).chain([32]).collect();
     let (over, outside, _) = shape_5_after_a_step(&cuts, &cuts, 250, |plan, seed| {
         assert_eq!(
@@ -1115,8 +1116,44 @@ fn the_slow_tail_of_a_step_does_not_hide_the_start_of_the_next() {
             "order {seed}"
         );
     });
-    assert!(over <= 34, "{over} of 100 orders over P + R − 1");
-    assert!(outside == 0, "{outside} of 100 orders out of balance");
+    assert!(over <= 13, "{over} of 100 orders over P + R − 1");
+    assert!(outside <= 2, "{outside} of 100 orders out of balance");
+}
+
+#[test]
+fn new_homes_over_many_small_windows_come_in_rounds() {
+    // Shape 5 over 250 ms in windows of 23 requests, after a step sent the same way: each
+    // window correcting the last one's guess with a new home of its own, 51 of 100 orders went
+    // over P + R − 1 (3 out of balance). Once a window opened one, the next new home waits for
+    // another replica's share of the last step's requests, or one and a half of its share of
+    // the last step's length.
+    let mut cuts = vec![23; 512 / 23];
+    cuts.push(512 % 23);
+    let (over, outside, _) = shape_5_after_a_step(&cuts, &cuts, 250, |plan, seed| {
+        let round = &plan.describe()["nextHomeRound"];
+        assert!(
+            round["burstRequests"].as_u64() > Some(0),
+            "order {seed}: {round}"
+        );
+    });
+    assert!(over <= 21, "{over} of 100 orders over P + R − 1");
+    assert!(outside <= 2, "{outside} of 100 orders out of balance");
+}
+
+#[test]
+fn there_are_no_rounds_of_new_homes_without_a_previous_burst_with_a_length() {
+    // The first burst a plan sees has nothing to measure a round by, nor has the step after
+    // one that came in one window: their new homes open as the counts call for them.
+    let cuts: Vec<usize> = std::iter::repeat_n(40, 12).chain([32]).collect();
+    let mut plan = BurstPlan::new(2000, 100);
+    let _ = burst_cut_as_from(&mut plan, &SHAPE_5, 1, &cuts, 0, 250);
+    assert!(plan.describe()["nextHomeRound"].is_null());
+    let _ = burst_cut_as_from(&mut plan, &SHAPE_5, 2, &[512], 1000, 250);
+    assert!(!plan.describe()["nextHomeRound"].is_null());
+    let _ = burst_cut_as_from(&mut plan, &SHAPE_5, 3, &cuts, 2000, 250);
+    assert!(plan.describe()["nextHomeRound"].is_null());
+    let _ = burst_cut_as_from(&mut plan, &SHAPE_5, 4, &cuts, 3000, 250);
+    assert!(!plan.describe()["nextHomeRound"].is_null());
 }
 
 #[test]
@@ -1294,10 +1331,21 @@ const LIVE_STEPS: &str = include_str!("live_steps.txt");
 /// One window of a recorded step: when it was placed, and the group of each request.
 type LiveWindow = (u64, Vec<usize>);
 
+/// Steps of `bench/bursts` shape 9 (shape 5's groups sent over 250 ms) as they reached the
+/// router live, in the format of [`LIVE_STEPS`]: per round, the last step of shape 8 (32 × 16
+/// sent prompt by prompt over 250 ms, which the bench sends just before), then shape 9's two
+/// steps.
+const LIVE_STEPS_250_MS: &str = include_str!("live_steps_250ms.txt");
+
 /// The windows of each step in [`LIVE_STEPS`], after its header.
 fn live_steps() -> Vec<(String, Vec<LiveWindow>)> {
+    steps_of(LIVE_STEPS)
+}
+
+/// The windows of each step of recorded live steps, after its header.
+fn steps_of(text: &str) -> Vec<(String, Vec<LiveWindow>)> {
     let mut steps: Vec<(String, Vec<LiveWindow>)> = Vec::new();
-    for line in LIVE_STEPS.lines() {
+    for line in text.lines() {
         if let Some(header) = line.strip_prefix("# ") {
             steps.push((header.to_string(), Vec::new()));
             continue;
@@ -1420,5 +1468,37 @@ fn a_new_home_needs_a_larger_excess_as_a_step_nears_the_size_of_the_last() {
         latest["newHomesWaitUpTo"],
         serde_json::Value::Null,
         "{latest}"
+    );
+}
+
+#[test]
+fn the_live_steps_over_250_ms_replayed_stay_within_the_bounds() {
+    // Shape 9 as it reached the router live in two runs of four rounds, in 19 to 25 windows a
+    // step, each round through one plan after the shape-8 step the bench sends before it.
+    // Placements live, before new homes came in rounds: 18, 18; 21, 20; 19, 19; 18, 20; and
+    // after: 19, 17; 17, 19; 19, 17; 19, 18. All sixteen replayed before: 18, 18; 21, 19;
+    // 19, 19; 18, 20 and 19, 18; 17, 19; 19, 20; 18, 18 (three over P + R − 1); after, one.
+    let mut plan = BurstPlan::new(2000, 100);
+    let mut placements = Vec::new();
+    for (header, windows) in steps_of(LIVE_STEPS_250_MS) {
+        if header.contains("shape 8") {
+            plan = BurstPlan::new(2000, 100);
+        }
+        let step = windows[0].0;
+        let timed = windows.iter().map(|(at, groups)| (*at, groups.as_slice()));
+        let (load, pairs) = place_timed_windows(&mut plan, step, timed);
+        assert_eq!(load.iter().sum::<usize>(), 512, "{header}");
+        if header.contains("shape 9") {
+            assert!(
+                load.iter().all(|&l| l.abs_diff(64) <= 6),
+                "{header}: {load:?}"
+            );
+            placements.push(pairs);
+        }
+    }
+    let over = placements.iter().filter(|&&p| p > 19).count();
+    assert!(
+        over <= 1 && placements.iter().all(|&p| p <= 20),
+        "placements: {placements:?}"
     );
 }
