@@ -395,6 +395,13 @@ const HOME_ROUND_TIME: f64 = 1.5;
 /// longer wait for a round: the windows left are few, and what they cannot correct stays.
 const HOME_ROUNDS_END: f64 = 0.9;
 
+/// Requests per group the first wave of groups must have brought before a second wave can
+/// begin ([`BurstPlan::second_wave`]): a burst's groups all begin within its first few
+/// requests each, so the scattered first members of one step's unequal groups are no sign of
+/// the next step, while a step sent before the last one ended begins once the last one has
+/// brought several requests per group.
+const WAVE_UNDER_WAY: u64 = 4;
+
 /// Groups `BurstPlan::describe` lists, the most seen first.
 const DESCRIBED_GROUPS: usize = 64;
 
@@ -866,9 +873,10 @@ impl BurstPlan {
     /// (the next step of a training loop sent before the last one ended), if one did: at least
     /// four groups (and an eighth as many as the first wave has) whose first members came after
     /// a pause in new groups at least twice as long as the first wave has groups and eight of
-    /// its spacings between them, and whose counts grow, since their first members, at least
-    /// 70% as fast per millisecond as the first wave's. The groups that begin late within one
-    /// burst are its smallest, and grow more slowly.
+    /// its spacings between them, once the first wave had brought [`WAVE_UNDER_WAY`] requests
+    /// per group, and whose counts grow, since their first members, at least 70% as fast per
+    /// millisecond as the first wave's. The groups of one burst all begin within its first few
+    /// requests each, and those that begin late are its smallest, and grow more slowly.
     fn second_wave(&self) -> Option<u64> {
         let mut firsts = self.first_arrivals.borrow_mut();
         firsts.clear();
@@ -904,6 +912,7 @@ impl BurstPlan {
         (second_wave >= 4.max(first_wave / 8)
             && pause >= 2 * first_wave as u64
             && pause > 8 * spacing
+            && from - firsts[0] >= WAVE_UNDER_WAY * first_wave as u64
             && growth(true) >= 0.7 * growth(false))
         .then_some(from)
     }
