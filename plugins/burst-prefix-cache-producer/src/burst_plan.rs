@@ -948,6 +948,7 @@ impl BurstPlan {
     /// shared groups only. A replica over the ceiling with nothing to move (loaded by other
     /// traffic) is passed over.
     fn rebalance(&mut self, fleet: &mut Fleet<'_>, estimate: &Estimates, new_homes: NewHomes) {
+        self.home_round_open = false;
         let floor = fleet.floor();
         if fleet
             .planned
@@ -956,7 +957,6 @@ impl BurstPlan {
         {
             return;
         }
-        self.home_round_open = false;
         let mut links = std::mem::take(&mut self.links);
         links.fill(self, fleet, estimate);
         self.rebalance_along(&mut links, fleet, new_homes);
@@ -1095,11 +1095,10 @@ impl BurstPlan {
     /// Whether the window being placed may open a new home, over `replicas`. New homes come in
     /// rounds: once a window opened one, the next window to open one must come after the burst
     /// has brought another replica's share of the previous burst's requests, or lasted another
-    /// [`HOME_ROUND_TIME`] shares of its length.
-    /// A window decides on the counts so far, and a client whose burst reaches the router in
-    /// many small windows would otherwise have each of them correct the last one's guess with
-    /// a prefill of its own; a round is about what one window of a replica's share would
-    /// decide. No rounds without a previous burst to measure them by (one that came in one
+    /// [`HOME_ROUND_TIME`] shares of its length. A window decides on the counts so far, and a
+    /// client whose burst reaches the router in many small windows would otherwise have each
+    /// of them correct the last one's guess with a prefill of its own; a round is about what
+    /// one window of a replica's share would decide. No rounds without a previous burst to measure them by (one that came in one
     /// window has no length, and says nothing of how a client spreads the next), nor once the
     /// burst has brought [`HOME_ROUNDS_END`] of its requests or lasted that share of its length.
     fn home_round_opens(&mut self, replicas: usize) -> bool {
