@@ -1473,14 +1473,14 @@ fn a_new_home_needs_a_larger_excess_as_a_step_nears_the_size_of_the_last() {
 
 #[test]
 fn the_live_steps_over_250_ms_replayed_stay_within_the_bounds() {
-    // Shape 9 as it reached the router live in four runs of four rounds, in 18 to 30 windows
+    // Shape 9 as it reached the router live in five runs of four rounds, in 18 to 30 windows
     // a step, each round through one plan after the shape-8 step the bench sends before it.
-    // The 32 steps replayed, before new homes came in rounds: nine over P + R − 1 (up to 24);
-    // after, four (up to 21) and one out of balance. That one (73 and 57 of 64) took the
+    // The 40 steps replayed, before new homes came in rounds: 13 over P + R − 1 (up to 24);
+    // after, six (up to 21) and one out of balance. That one (73 and 57 of 64) took the
     // scattered first members of its own unequal groups for a second wave, and sized the
     // "second" ones as large as the first: a second wave now needs the first to have brought
     // four requests per group, and none ends out of balance (a second wave is still seen in
-    // two of the 32 steps, which overlap nothing; three before).
+    // two of the 40 steps, which overlap nothing; four before).
     let mut plan = BurstPlan::new(2000, 100);
     let ids = eight_replicas();
     let (mut placements, mut outside, mut waves) = (Vec::new(), 0, 0);
@@ -1516,7 +1516,7 @@ fn the_live_steps_over_250_ms_replayed_stay_within_the_bounds() {
     }
     let over = placements.iter().filter(|&&p| p > 19).count();
     assert!(
-        over <= 4 && placements.iter().all(|&p| p <= 21),
+        over <= 6 && placements.iter().all(|&p| p <= 21),
         "placements: {placements:?}"
     );
     assert_eq!(outside, 0, "steps out of balance");
