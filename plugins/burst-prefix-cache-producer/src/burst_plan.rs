@@ -227,10 +227,9 @@ pub struct BurstPlan {
     /// two or more was still arriving), for `state`.
     latest: WindowView,
     burst_start: WindowView,
-    /// When (in `arrivals`, and on the plan's clock) the next round of new homes may open,
-    /// and whether the window being placed opened one: see [`BurstPlan::home_round_opens`].
+    /// When (in `arrivals`, and on the plan's clock) the next round of new homes may open: see
+    /// [`BurstPlan::open_home_round`].
     next_home_round: (u64, u64),
-    home_round_open: bool,
 }
 
 /// One window as the plan saw it: per replica the load it carried, the part of that no
@@ -429,7 +428,6 @@ impl BurstPlan {
             latest: WindowView::default(),
             burst_start: WindowView::default(),
             next_home_round: (0, 0),
-            home_round_open: false,
         }
     }
 
@@ -473,7 +471,7 @@ impl BurstPlan {
             "previousBurst": self.previous_burst.map(|(requests, length_ms)| {
                 serde_json::json!({ "requests": requests, "lengthMs": length_ms })
             }),
-            "nextHomeRound": self.previous_burst.filter(|&(_, ms)| ms > 0).map(|_| {
+            "nextHomeRound": self.home_rounds_measure().map(|_| {
                 let (from, from_ms) = self.next_home_round;
                 serde_json::json!({
                     "burstRequests": from.saturating_sub(self.burst_from),
@@ -948,7 +946,6 @@ impl BurstPlan {
     /// shared groups only. A replica over the ceiling with nothing to move (loaded by other
     /// traffic) is passed over.
     fn rebalance(&mut self, fleet: &mut Fleet<'_>, estimate: &Estimates, new_homes: NewHomes) {
-        self.home_round_open = false;
         let floor = fleet.floor();
         if fleet
             .planned
@@ -973,6 +970,8 @@ impl BurstPlan {
         let n = fleet.replicas.len();
         let floor = fleet.floor();
         let mut passed = vec![false; n];
+        // Whether this window opened a round of new homes (see [`BurstPlan::open_home_round`]).
+        let mut round_open = false;
         // Each move brings a replica down to the level, another up to it, or a group's part
         // (or what it can carry) on a replica to zero, so the moves are bounded by replicas
         // plus groups; the cap guards.
@@ -1079,10 +1078,12 @@ impl BurstPlan {
             // scatter single requests (and a group of two stays whole where it would even out
             // one request).
             let received = amount.min(links.movable(&self.trails, g, k));
-            if received <= fleet.per_member / 2.0
-                || links.sizes[g] <= 0.0
-                || !self.home_round_opens(n)
-            {
+            if received <= fleet.per_member / 2.0 || links.sizes[g] <= 0.0 {
+                passed[over] = true;
+                continue;
+            }
+            round_open = round_open || self.open_home_round(n);
+            if !round_open {
                 passed[over] = true;
                 continue;
             }
@@ -1092,20 +1093,18 @@ impl BurstPlan {
         }
     }
 
-    /// Whether the window being placed may open a new home, over `replicas`. New homes come in
-    /// rounds: once a window opened one, the next window to open one must come after the burst
-    /// has brought another replica's share of the previous burst's requests, or lasted another
-    /// [`HOME_ROUND_TIME`] shares of its length. A window decides on the counts so far, and a
-    /// client whose burst reaches the router in many small windows would otherwise have each
-    /// of them correct the last one's guess with a prefill of its own; a round is about what
-    /// one window of a replica's share would decide. No rounds without a previous burst to measure them by (one that came in one
-    /// window has no length, and says nothing of how a client spreads the next), nor once the
-    /// burst has brought [`HOME_ROUNDS_END`] of its requests or lasted that share of its length.
-    fn home_round_opens(&mut self, replicas: usize) -> bool {
-        if self.home_round_open {
-            return true;
-        }
-        let Some((requests, length_ms)) = self.previous_burst.filter(|&(_, ms)| ms > 0) else {
+    /// Whether the window being placed may open a round of new homes, over `replicas`; when it
+    /// may, the next round is set from it. New homes come in rounds: once a window opened one,
+    /// the next window to open one must come after the burst has brought another replica's
+    /// share of the previous burst's requests, or lasted another [`HOME_ROUND_TIME`] shares of
+    /// its length. A window decides on the counts so far, and a client whose burst reaches the
+    /// router in many small windows would otherwise have each of them correct the last one's
+    /// guess with a prefill of its own; a round is about what one window of a replica's share
+    /// would decide. No rounds without a previous burst to measure them by
+    /// ([`BurstPlan::home_rounds_measure`]), nor once the burst has brought [`HOME_ROUNDS_END`]
+    /// of its requests or lasted that share of its length.
+    fn open_home_round(&mut self, replicas: usize) -> bool {
+        let Some((requests, length_ms)) = self.home_rounds_measure() else {
             return true;
         };
         let elapsed_ms = self.now_ms.saturating_sub(self.burst_from_ms);
@@ -1116,7 +1115,6 @@ impl BurstPlan {
         if !(near_end || due) {
             return false;
         }
-        self.home_round_open = true;
         let replicas = replicas.max(1) as u64;
         let round_ms = HOME_ROUND_TIME * length_ms as f64 / replicas as f64;
         self.next_home_round = (
@@ -1124,6 +1122,13 @@ impl BurstPlan {
             self.now_ms + round_ms as u64,
         );
         true
+    }
+
+    /// The previous burst's requests and length, when rounds of new homes are measured by it: it
+    /// must have a length (one that came in one window says nothing of how a client spreads
+    /// the next).
+    fn home_rounds_measure(&self) -> Option<(u64, u64)> {
+        self.previous_burst.filter(|&(_, length_ms)| length_ms > 0)
     }
 
     /// A burst starts with its first member, `window_from` (at `from_ms`): the group sizes of

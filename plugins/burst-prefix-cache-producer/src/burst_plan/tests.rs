@@ -830,6 +830,16 @@ fn placed_timed_windows<'a>(
     step: u64,
     windows: impl IntoIterator<Item = (u64, &'a [usize])>,
 ) -> (Vec<usize>, BTreeSet<(usize, usize)>) {
+    placed_timed_windows_seen(plan, step, windows, |_| {})
+}
+
+/// [`placed_timed_windows`], showing the plan to `seen` after each window.
+fn placed_timed_windows_seen<'a>(
+    plan: &mut BurstPlan,
+    step: u64,
+    windows: impl IntoIterator<Item = (u64, &'a [usize])>,
+    mut seen: impl FnMut(&BurstPlan),
+) -> (Vec<usize>, BTreeSet<(usize, usize)>) {
     let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
     let mut load = vec![0usize; 8];
     let mut pairs = BTreeSet::new();
@@ -846,6 +856,7 @@ fn placed_timed_windows<'a>(
             load[r] += 1;
             pairs.insert((g, r));
         }
+        seen(plan);
     }
     (load, pairs)
 }
@@ -1482,31 +1493,17 @@ fn the_live_steps_over_250_ms_replayed_stay_within_the_bounds() {
     // four requests per group, and none ends out of balance (a second wave is still seen in
     // two of the 40 steps, which overlap nothing; four before).
     let mut plan = BurstPlan::new(2000, 100);
-    let ids = eight_replicas();
     let (mut placements, mut outside, mut waves) = (Vec::new(), 0, 0);
     for (header, windows) in steps_of(LIVE_STEPS_250_MS) {
         if header.contains("shape 8") {
             plan = BurstPlan::new(2000, 100);
         }
         let step = windows[0].0;
-        let key = |g: usize| GroupKey {
-            blocks: 4,
-            digest: step << 32 | g as u64,
-        };
-        let mut load = [0usize; 8];
-        let mut placed = BTreeSet::new();
+        let timed = windows.iter().map(|(at, groups)| (*at, groups.as_slice()));
         let mut wave = false;
-        for (at, window) in &windows {
-            let running: Vec<u64> = load.iter().map(|&n| n as u64).collect();
-            for (&g, r) in window
-                .iter()
-                .zip(place_window(&mut plan, *at, window, key, &ids, &running))
-            {
-                load[r] += 1;
-                placed.insert((g, r));
-            }
+        let (load, placed) = placed_timed_windows_seen(&mut plan, step, timed, |plan| {
             wave |= !plan.describe()["latestWindow"]["secondWaveGroups"].is_null();
-        }
+        });
         assert_eq!(load.iter().sum::<usize>(), 512, "{header}");
         if header.contains("shape 9") {
             outside += usize::from(load.iter().any(|&l| l.abs_diff(64) > 6));
