@@ -528,6 +528,9 @@ impl BurstPlan {
         self.sweep(now_ms);
         let window_from = self.arrivals;
         self.now_ms = now_ms;
+        // The previous burst's last window, should this one start the next: a window of lone
+        // first members placed since belongs to the next burst.
+        let last_burst_ms = self.last_burst_ms;
         // No group of two or more still arriving: a group this window completes starts a
         // burst. Groups of two or more past their pause limit but kept for a stall of the
         // whole stream do not count when this window brings none of them: the stream resumed
@@ -588,7 +591,7 @@ impl BurstPlan {
                 .fold((window_from, now_ms), |(a, a_ms), (b, b_ms)| {
                     (a.min(b), a_ms.min(b_ms))
                 });
-            self.end_burst(from, from_ms);
+            self.end_burst(from, from_ms, last_burst_ms.unwrap_or(from_ms));
         }
 
         // While new groups keep appearing (prompts sent one after the other) a count is no
@@ -1133,13 +1136,13 @@ impl BurstPlan {
 
     /// A burst starts with its first member, `window_from` (at `from_ms`): the group sizes of
     /// the one before it become the prior of the size estimate, and its requests and length
-    /// the measure of how far the new one has come.
-    fn end_burst(&mut self, window_from: u64, from_ms: u64) {
+    /// (to `last_ms`, its last window that brought a group a second or later member) the
+    /// measure of how far the new one has come.
+    fn end_burst(&mut self, window_from: u64, from_ms: u64, last_ms: u64) {
         let from = self.burst_from;
         let length = (
             window_from.saturating_sub(from),
-            // The latest window is still the previous one's last.
-            self.latest.at_ms.saturating_sub(self.burst_from_ms),
+            last_ms.saturating_sub(self.burst_from_ms),
         );
         let mut sizes = std::mem::take(&mut self.forgotten_sizes);
         let room = PRIOR_GROUPS.saturating_sub(sizes.len());

@@ -1519,3 +1519,25 @@ fn the_live_steps_over_250_ms_replayed_stay_within_the_bounds() {
     assert_eq!(outside, 0, "steps out of balance");
     assert!(waves <= 2, "{waves} steps took for a second wave");
 }
+
+#[test]
+fn a_bursts_length_ends_with_its_last_window_not_the_next_steps_lone_first_requests() {
+    // A step of four prompts × 8 over 60 ms; a second later the next step's first window
+    // brings only two lone first requests, and its second window starts the burst. The last
+    // step lasted 60 ms, not until the next step's first window (1,000 ms): measured that
+    // long, the next step's progress by time would crawl and its rounds of new homes last
+    // four times too long.
+    let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
+    let mut plan = BurstPlan::new(2000, 100);
+    let key = |g: usize| GroupKey::of(&[g as u64 + 1]).unwrap();
+    let load = vec![0u64; 8];
+    let window: Vec<usize> = (0..4).flat_map(|g| [g, g]).collect();
+    for at in [0, 20, 40, 60] {
+        let _ = place_window(&mut plan, at, &window, key, &ids, &load);
+    }
+    let _ = place_window(&mut plan, 1000, &[4, 5], key, &ids, &load);
+    let _ = place_window(&mut plan, 1010, &[4, 5, 4, 5, 6, 6], key, &ids, &load);
+    let previous = &plan.describe()["previousBurst"];
+    assert_eq!(previous["requests"], 32, "{previous}");
+    assert_eq!(previous["lengthMs"], 60, "{previous}");
+}
