@@ -876,8 +876,10 @@ impl BurstPlan {
     /// a pause in new groups at least twice as long as the first wave has groups and eight of
     /// its spacings between them, once the first wave had brought [`WAVE_UNDER_WAY`] requests
     /// per group, and whose counts grow, since their first members, at least 70% as fast per
-    /// millisecond as the first wave's. The groups of one burst all begin within its first few
-    /// requests each, and those that begin late are its smallest, and grow more slowly.
+    /// millisecond as the first wave's, on average over the groups and over their requests
+    /// pooled. The groups of one burst all begin within its first few requests each, and
+    /// those that begin late are its smallest, and grow more slowly; a few of them still young
+    /// can look fast by one of the two measures, seldom by both.
     fn second_wave(&self) -> Option<u64> {
         let mut firsts = self.first_arrivals.borrow_mut();
         firsts.clear();
@@ -899,23 +901,31 @@ impl BurstPlan {
         let spacing = (firsts[k - 1] - firsts[0]) / (first_wave as u64 - 1).max(1);
         let from = firsts[k];
         let growth = |second: bool| {
-            let (mut sum, mut groups) = (0.0, 0.0);
+            let (mut per_group, mut grown, mut ages_ms, mut groups) = (0.0, 0.0, 0.0, 0.0);
             for trail in self
                 .active()
                 .filter(|t| t.seen > 1 && (t.first_arrival >= from) == second)
             {
                 let age_ms = self.now_ms.saturating_sub(trail.first_ms).max(1) as f64;
-                sum += (trail.seen - 1) as f64 / age_ms;
+                per_group += (trail.seen - 1) as f64 / age_ms;
+                grown += (trail.seen - 1) as f64;
+                ages_ms += age_ms;
                 groups += 1.0;
             }
-            sum / f64::max(groups, 1.0)
+            (
+                per_group / f64::max(groups, 1.0),
+                grown / f64::max(ages_ms, 1.0),
+            )
         };
+        let ((second_per_group, second_pooled), (first_per_group, first_pooled)) =
+            (growth(true), growth(false));
         (second_wave >= 4.max(first_wave / 8)
             && pause >= 2 * first_wave as u64
             && pause > 8 * spacing
             && from - firsts[0] >= WAVE_UNDER_WAY * first_wave as u64
-            && growth(true) >= 0.7 * growth(false))
-        .then_some(from)
+            && second_per_group >= 0.7 * first_per_group
+            && second_pooled >= 0.7 * first_pooled)
+            .then_some(from)
     }
 
     /// Arrivals between the first members of successive groups of two or more, over the

@@ -1490,8 +1490,11 @@ fn the_live_steps_over_250_ms_replayed_stay_within_the_bounds() {
     // after, six (up to 21) and one out of balance. That one (73 and 57 of 64) took the
     // scattered first members of its own unequal groups for a second wave, and sized the
     // "second" ones as large as the first: a second wave now needs the first to have brought
-    // four requests per group, and none ends out of balance (a second wave is still seen in
-    // two of the 40 steps, which overlap nothing; four before).
+    // four requests per group, and none ends out of balance. A second wave was then still seen
+    // in two of the 40 steps, which overlap nothing (four before), one of them 21 placements:
+    // its four youngest groups grew fast per group on a few requests each. A second wave now
+    // needs its groups to grow fast both per group and pooled: one step sees one, five go
+    // over, none above 21.
     let mut plan = BurstPlan::new(2000, 100);
     let (mut placements, mut outside, mut waves) = (Vec::new(), 0, 0);
     for (header, windows) in steps_of(LIVE_STEPS_250_MS) {
@@ -1513,11 +1516,11 @@ fn the_live_steps_over_250_ms_replayed_stay_within_the_bounds() {
     }
     let over = placements.iter().filter(|&&p| p > 19).count();
     assert!(
-        over <= 6 && placements.iter().all(|&p| p <= 21),
+        over <= 5 && placements.iter().all(|&p| p <= 21),
         "placements: {placements:?}"
     );
     assert_eq!(outside, 0, "steps out of balance");
-    assert!(waves <= 2, "{waves} steps took for a second wave");
+    assert!(waves <= 1, "{waves} steps took for a second wave");
 }
 
 #[test]
