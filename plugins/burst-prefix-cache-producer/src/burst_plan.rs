@@ -874,8 +874,8 @@ impl BurstPlan {
     /// (the next step of a training loop sent before the last one ended), if one did: at least
     /// four groups (and an eighth as many as the first wave has) whose first members came after
     /// a pause in new groups at least twice as long as the first wave has groups and eight of
-    /// its spacings between them, once the first wave had brought [`WAVE_UNDER_WAY`] requests
-    /// per group, and whose counts grow, since their first members, at least 70% as fast per
+    /// its spacings between them, once a first wave of at least four groups had brought
+    /// [`WAVE_UNDER_WAY`] requests per group, and whose counts grow, since their first members, at least 70% as fast per
     /// millisecond as the first wave's, on average over the groups and over their requests
     /// pooled. The groups of one burst all begin within its first few requests each, and
     /// those that begin late are its smallest, and grow more slowly; a few of them still young
@@ -919,7 +919,8 @@ impl BurstPlan {
         };
         let ((second_per_group, second_pooled), (first_per_group, first_pooled)) =
             (growth(true), growth(false));
-        (second_wave >= 4.max(first_wave / 8)
+        (first_wave >= 4
+            && second_wave >= 4.max(first_wave / 8)
             && pause >= 2 * first_wave as u64
             && pause > 8 * spacing
             && from - firsts[0] >= WAVE_UNDER_WAY * first_wave as u64
