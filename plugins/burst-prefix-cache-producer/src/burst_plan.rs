@@ -30,10 +30,10 @@
 //!    estimate says some replicas already hold its whole prompt (its first member went there
 //!    before the plan took note, or the prompt is simply cached), to the least planned of
 //!    those: anywhere else would prefill it again, and step 3 still splits it if balance needs
-//!    that. When the counts follow the previous burst's sizes and the groups look complete
-//!    (and no new groups keep appearing), a group that takes its replica past what step 3
-//!    would allow is split there and then, its excess on the next least planned replica,
-//!    before the smaller groups fill in around it.
+//!    that. When the counts follow the previous burst's sizes, or the window brings the burst
+//!    at once, and the groups look complete (and no new groups keep appearing), a group that
+//!    takes its replica past what step 3 would allow is split there and then, its excess on
+//!    the next least planned replica, before the smaller groups fill in around it.
 //! 3. Once the burst's groups seem all known (`groups_look_complete`), a replica planned above
 //!    the level by more than half of [`ALLOWANCE`] (or one request) sheds load to replicas
 //!    below the level. It first does so along the groups that already have homes on several
@@ -648,12 +648,16 @@ impl BurstPlan {
             .then(|| self.new_homes_wait(window_requests))
             .flatten();
         let new_homes = complete.then(|| NewHomes::at(waiting, settled, mean_group));
-        // With the previous burst's sizes to go by, a group found larger than a share is split
-        // when it is first placed, before the smaller groups fill in around it: split later,
-        // the replicas it overflows would each take a sliver of it. Not while new groups keep
-        // appearing: the newest have only begun, and their ranks say nothing of their sizes.
+        // With the previous burst's sizes to go by, or in a window that brings the burst at
+        // once, a group found larger than a share is split when it is first placed, before the
+        // smaller groups fill in around it: split later, the replicas it overflows would each
+        // take a sliver of it. Not while new groups keep appearing: the newest have only begun,
+        // and their ranks say nothing of their sizes.
         let split_fresh_from = new_homes
-            .filter(|_| estimate.first.takes_prior() && !still_appearing)
+            .filter(|_| {
+                (estimate.first.takes_prior() || self.brings_burst_at_once(window_requests))
+                    && !still_appearing
+            })
             .map(|homes| (fleet.level * (1.0 + homes.from)).max(fleet.ceiling));
 
         fresh.sort_by(|&a, &b| {
@@ -756,12 +760,8 @@ impl BurstPlan {
     /// [`AT_ONCE`] of the previous one's requests: a burst sent at once, whose counts are as
     /// good as they get.
     fn new_homes_wait(&self, window_requests: u64) -> Option<f64> {
-        let (requests, length_ms) = self.previous_burst?;
-        let burst_requests = self.burst_requests();
-        let before_window = burst_requests.saturating_sub(window_requests);
-        if before_window * 10 < window_requests
-            && window_requests as f64 >= AT_ONCE * requests as f64
-        {
+        let (_, length_ms) = self.previous_burst?;
+        if self.brings_burst_at_once(window_requests) {
             return None;
         }
         let by_requests = self.share_of_previous();
@@ -778,6 +778,17 @@ impl BurstPlan {
         let progress = by_requests.max(LATE_IN_BURST * by_time);
         (progress < LATE_IN_BURST)
             .then(|| URGENT_EXCESS - (URGENT_EXCESS - ALLOWANCE / 2.0) * progress / LATE_IN_BURST)
+    }
+
+    /// Whether the window being placed, of `window_requests`, brings nearly all of the burst so
+    /// far and at least [`AT_ONCE`] of the previous burst's requests: a burst sent at once,
+    /// whose counts are as good as they get.
+    fn brings_burst_at_once(&self, window_requests: u64) -> bool {
+        let Some((requests, _)) = self.previous_burst else {
+            return false;
+        };
+        let before_window = self.burst_requests().saturating_sub(window_requests);
+        before_window * 10 < window_requests && window_requests as f64 >= AT_ONCE * requests as f64
     }
 
     /// How much of the previous burst's requests this one has brought, at most all (none

@@ -1057,10 +1057,12 @@ fn the_first_unequal_step_waits_for_its_counts_too() {
     // closes a cycle of groups and replicas for less than the balance bound, 48; holding
     // those back but not the homes past P + R − 1, 28; rescuing a replica under the level
     // from any shortfall below the floor, 21; 12 before new homes came in rounds, 13 since.
+    // Since a group larger than a share splits when first placed in a window that brings the
+    // step at once, 12, and 4 out of balance (3 before).
     let steps =
         second_step_over_live_cuts(FirstStep::Cut(&[128; 4]), &SHAPE_5, 6, 40, STEP_SPREAD_MS);
-    steps.assert_over_bound_at_most(13);
-    steps.assert_out_of_balance_at_most(3);
+    steps.assert_over_bound_at_most(12);
+    steps.assert_out_of_balance_at_most(4);
 }
 
 #[test]
@@ -1412,6 +1414,7 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
     // under the level from any shortfall below the floor, one and two.
     let mut plan = BurstPlan::new(2000, 100);
     let (mut firsts, mut seconds, mut prompts_on_busiest) = (Vec::new(), Vec::new(), Vec::new());
+    let mut at_once = Vec::new();
     for (header, windows) in live_steps() {
         let first = header.ends_with("step 0");
         if first {
@@ -1434,6 +1437,9 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
             "{header}: {load:?}"
         );
         if first {
+            if windows.len() == 1 {
+                at_once.push(pairs);
+            }
             firsts.push(pairs);
         } else {
             seconds.push(pairs);
@@ -1445,6 +1451,15 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
     assert!(
         over(&firsts) <= 1 && most(&firsts) <= 23,
         "first steps: {firsts:?}"
+    );
+    // A first step that came in one window has no prior in the 4 x 128 before it, yet its
+    // counts are its sizes: its two groups larger than a share split once each when first
+    // placed, 14 placements. Split only by the rebalance, after the smaller groups had filled
+    // in around them, the largest took slivers on up to five more replicas: 17 in each of the
+    // six (and 1,098 placements over the 64 first steps; 1,040 now).
+    assert!(
+        !at_once.is_empty() && at_once.iter().all(|&p| p == 14),
+        "first steps in one window: {at_once:?}"
     );
     // A replica prefills each prompt it gets a part of, and the step's slowest requests wait
     // on the replica with the most. At most three on each in 97 of the 128 steps, and never
