@@ -1499,7 +1499,7 @@ fn a_new_home_needs_a_larger_excess_as_a_step_nears_the_size_of_the_last() {
 
 #[test]
 fn the_live_steps_over_250_ms_replayed_stay_within_the_bounds() {
-    // Shape 9 as it reached the router live in eight runs of four rounds, in 14 to 31 windows
+    // Shape 9 as it reached the router live in nine runs of four rounds, in 14 to 32 windows
     // a step, each round through one plan after the shape-8 step the bench sends before it.
     // The 40 steps replayed, before new homes came in rounds: 13 over P + R − 1 (up to 24);
     // after, six (up to 21) and one out of balance. That one (73 and 57 of 64) took the
@@ -1514,8 +1514,8 @@ fn the_live_steps_over_250_ms_replayed_stay_within_the_bounds() {
     // A sixth run added eight steps (48 in all): one of them over (20), and one that took its
     // first two groups for a first wave and the next seven for a second, 25 requests into the
     // step; a first wave now needs four groups. Over the 48: six over, none above 21, none out
-    // of balance, one seeing a second wave (two with a first wave of two groups). Two more
-    // runs (64 steps): eight over, five of them the first step of a round, whose groups have no
+    // of balance, one seeing a second wave (two with a first wave of two groups). Three more
+    // runs (72 steps): nine over, six of them the first step of a round, whose groups have no
     // sizes to go by in the 32 equal ones of shape 8 before it.
     let mut plan = BurstPlan::new(2000, 100);
     let (mut placements, mut outside, mut waves) = (Vec::new(), 0, 0);
@@ -1538,7 +1538,7 @@ fn the_live_steps_over_250_ms_replayed_stay_within_the_bounds() {
     }
     let over = placements.iter().filter(|&&p| p > 19).count();
     assert!(
-        over <= 8 && placements.iter().all(|&p| p <= 21),
+        over <= 9 && placements.iter().all(|&p| p <= 21),
         "placements: {placements:?}"
     );
     assert_eq!(outside, 0, "steps out of balance");
