@@ -781,14 +781,14 @@ impl BurstPlan {
     }
 
     /// Whether the window being placed, of `window_requests`, brings nearly all of the burst so
-    /// far and at least [`AT_ONCE`] of the previous burst's requests: a burst sent at once,
-    /// whose counts are as good as they get.
+    /// far and, after a previous burst, at least [`AT_ONCE`] of its requests: a burst sent at
+    /// once, whose counts are as good as they get.
     fn brings_burst_at_once(&self, window_requests: u64) -> bool {
-        let Some((requests, _)) = self.previous_burst else {
-            return false;
-        };
         let before_window = self.burst_requests().saturating_sub(window_requests);
-        before_window * 10 < window_requests && window_requests as f64 >= AT_ONCE * requests as f64
+        before_window * 10 < window_requests
+            && self
+                .previous_burst
+                .is_none_or(|(requests, _)| window_requests as f64 >= AT_ONCE * requests as f64)
     }
 
     /// How much of the previous burst's requests this one has brought, at most all (none
