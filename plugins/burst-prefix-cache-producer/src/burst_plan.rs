@@ -18,7 +18,9 @@
 //!    group with the k-th most members so far is expected to be as large, in proportion, as
 //!    the previous burst's k-th largest. The counts take it when they spread around it less
 //!    than around the mean by more than a count's own variance — the next step of a training
-//!    loop repeating the last one's mix of group sizes — and shrink towards it instead. When a
+//!    loop repeating the last one's mix of group sizes — and shrink towards it instead. After
+//!    a burst of equal groups (an evaluation batch between two training steps, say), the sizes
+//!    of the latest burst whose groups differed are a prior too, taken the same way. When a
 //!    second wave of groups begins while the first is still arriving (the next step sent
 //!    before the last one ended; see [`BurstPlan::second_wave`]), each wave's counts are
 //!    estimated on their own, at their own stage, and the second wave's groups are expected to
@@ -212,6 +214,9 @@ pub struct BurstPlan {
     burst_from_ms: u64,
     forgotten_sizes: Vec<usize>,
     previous_sizes: Vec<usize>,
+    /// The group sizes of the latest burst whose groups differed in size, largest first, when
+    /// bursts of equal groups came since: a second prior for a burst after them.
+    unequal_sizes: Vec<usize>,
     /// The requests the previous burst brought and how long they took to arrive, if a burst
     /// of two or more groups ended; how far the current one has come is measured against it.
     previous_burst: Option<(u64, u64)>,
@@ -421,6 +426,7 @@ impl BurstPlan {
             previous_burst: None,
             forgotten_sizes: Vec::new(),
             previous_sizes: Vec::new(),
+            unequal_sizes: Vec::new(),
             last_burst_ms: None,
             links: Links::default(),
             first_arrivals: RefCell::new(Vec::new()),
@@ -468,6 +474,7 @@ impl BurstPlan {
         serde_json::json!({
             "groupsRemembered": self.trails.len(),
             "previousBurstSizes": &self.previous_sizes,
+            "unequalBurstSizes": &self.unequal_sizes,
             "previousBurst": self.previous_burst.map(|(requests, length_ms)| {
                 serde_json::json!({ "requests": requests, "lengthMs": length_ms })
             }),
@@ -1177,7 +1184,13 @@ impl BurstPlan {
         );
         if sizes.len() >= 2 {
             sizes.sort_unstable_by(|a, b| b.cmp(a));
-            self.previous_sizes = sizes;
+            let replaced = std::mem::replace(&mut self.previous_sizes, sizes);
+            if sizes_differ(&replaced) {
+                self.unequal_sizes = replaced;
+            }
+            if sizes_differ(&self.previous_sizes) {
+                self.unequal_sizes.clear();
+            }
             self.previous_burst = Some(length);
         }
         self.burst_from = window_from;
@@ -1540,6 +1553,21 @@ impl<'a> Fleet<'a> {
     }
 }
 
+/// Whether group sizes (largest first) differ by more than counts of equal groups would: their
+/// spread around their mean beyond its own (a count's variance is its mean).
+fn sizes_differ(sizes: &[usize]) -> bool {
+    if sizes.len() < 2 {
+        return false;
+    }
+    let mean = sizes.iter().sum::<usize>() as f64 / sizes.len() as f64;
+    let variance = sizes
+        .iter()
+        .map(|&s| (s as f64 - mean).powi(2))
+        .sum::<f64>()
+        / sizes.len() as f64;
+    variance > mean
+}
+
 /// Final group sizes predicted from the members seen so far (see the module docs).
 struct SizeEstimate {
     /// Per distinct count seen, most first: what a group with that count is expected to be
@@ -1556,9 +1584,14 @@ struct SizeEstimate {
 
 impl SizeEstimate {
     /// The estimate for groups with `counts` members so far; `previous` holds the group sizes
-    /// of the previous burst, largest first (empty: none known), and `settled` how much of
-    /// that burst's requests this one has brought (0 to 1).
-    fn of(counts: impl Iterator<Item = usize> + Clone, previous: &[usize], settled: f64) -> Self {
+    /// of the previous burst and of the latest one whose groups differed, each largest first
+    /// (empty: none known), and `settled` how much of the previous burst's requests this one
+    /// has brought (0 to 1).
+    fn of(
+        counts: impl Iterator<Item = usize> + Clone,
+        previous: [&[usize]; 2],
+        settled: f64,
+    ) -> Self {
         let mut sorted: Vec<usize> = counts.collect();
         let n = sorted.len();
         if n == 0 {
@@ -1588,14 +1621,14 @@ impl SizeEstimate {
                 .sum::<f64>()
                 / n as f64
         };
-        // Two priors: every group alike (the samples of an RL step), or each group as large as
-        // the group of the same rank in the previous burst, scaled. The second is taken when
-        // the counts spread around it less than around the first by more than a count's own
-        // variance: sorted, pure noise always fits some ranked prior a little, so a small gain
-        // is no evidence that the groups differ.
+        // The priors: every group alike (the samples of an RL step), or each group as large as
+        // the group of the same rank in the previous burst (or in the latest unequal one),
+        // scaled. A ranked prior is taken when the counts spread around it less than around the
+        // one taken so far by more than a count's own variance: sorted, pure noise always fits
+        // some ranked prior a little, so a small gain is no evidence that the groups differ.
         let mut prior = Vec::new();
         let mut around = spread(&prior);
-        if previous.len() >= 2 {
+        for previous in previous.into_iter().filter(|p| p.len() >= 2) {
             let at = |i: usize| previous[i.min(previous.len() - 1)] as f64;
             let scale = seen / (0..n).map(at).sum::<f64>();
             // Groups with equal counts cannot be told apart: they share their ranks' mean.
@@ -1669,12 +1702,12 @@ impl Estimates {
         let in_second = |t: &Trail| second_from.is_some_and(|from| t.first_arrival >= from);
         let first = SizeEstimate::of(
             plan.active().filter(|t| !in_second(t)).map(|t| t.seen),
-            &plan.previous_sizes,
+            [&plan.previous_sizes[..], &plan.unequal_sizes],
             settled,
         );
         let second = SizeEstimate::of(
             plan.active().filter(|t| in_second(t)).map(|t| t.seen),
-            &[],
+            [&[], &[]],
             0.0,
         );
         let second_scale = if second.mean > 0.0 {

@@ -1492,6 +1492,38 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
 }
 
 #[test]
+fn an_unequal_step_after_a_burst_of_equal_groups_goes_by_the_last_unequal_sizes() {
+    // Shape 5, then 32 x 16 (an evaluation batch between two training steps, say), then shape
+    // 5 again, the last two cut as live steps reached the router, over 50 ms, 40 orders per
+    // cut. Going by the equal groups just before it alone, the third burst had no sizes to go
+    // by: 12 of 600 over P + R − 1, 2 out of balance, 16.4 placements.
+    let (mut over, mut outside, mut placements) = (0, 0, 0);
+    for (k, cuts) in LIVE_CUTS.iter().enumerate() {
+        for seed in 1..=40 {
+            let mut plan = BurstPlan::new(2000, 100);
+            let _ = burst_cut_as_from(&mut plan, &SHAPE_5, seed + 2000, &[512], 0, 50);
+            let equal_cuts = LIVE_CUTS[(k + 1) % LIVE_CUTS.len()];
+            let _ = burst_cut_as_from(&mut plan, &[16; 32], seed + 1000, equal_cuts, 1000, 50);
+            let (load, pairs) = burst_cut_as_from(&mut plan, &SHAPE_5, seed, cuts, 2000, 50);
+            let state = plan.describe();
+            assert_eq!(state["previousBurstSizes"], serde_json::json!(vec![16; 32]));
+            let mut sizes = SHAPE_5;
+            sizes.sort_unstable_by(|a, b| b.cmp(a));
+            assert_eq!(state["unequalBurstSizes"], serde_json::json!(sizes));
+            over += usize::from(pairs > 19);
+            outside += usize::from(load.iter().any(|&l| l.abs_diff(64) > 6));
+            placements += pairs;
+        }
+    }
+    assert!(over <= 2, "{over} of 600 over P + R − 1");
+    assert_eq!(outside, 0, "steps out of balance");
+    assert!(
+        placements <= 600 * 16,
+        "{placements} placements in 600 steps"
+    );
+}
+
+#[test]
 fn a_new_home_needs_a_larger_excess_as_a_step_nears_the_size_of_the_last() {
     // A new home costs a prefill: once a step has brought as many requests as the last one,
     // its counts are about its groups' sizes, and a replica up to 8% over the level (within
@@ -1532,13 +1564,19 @@ fn the_live_steps_over_250_ms_replayed_stay_within_the_bounds() {
     // first two groups for a first wave and the next seven for a second, 25 requests into the
     // step; a first wave now needs four groups. Over the 48: six over, none above 21, none out
     // of balance, one seeing a second wave (two with a first wave of two groups). Three more
-    // runs (72 steps): nine over, six of them the first step of a round, whose groups have no
-    // sizes to go by in the 32 equal ones of shape 8 before it.
+    // runs (72 steps): nine over, six of them the first step of a round, whose groups had no
+    // sizes to go by in the 32 equal ones of shape 8 before it. Since the sizes of the last
+    // unequal burst (shape 5, earlier in the same router) count too: six over, three of them
+    // a round's first step.
     let mut plan = BurstPlan::new(2000, 100);
     let (mut placements, mut outside, mut waves) = (Vec::new(), 0, 0);
     for (header, windows) in steps_of(LIVE_STEPS_250_MS) {
         if header.contains("shape 8") {
+            // The bench sends shape 5 earlier in the same router: its sizes are the last
+            // unequal ones when shape 9 begins.
             plan = BurstPlan::new(2000, 100);
+            let from = windows[0].0 - 5000;
+            let _ = burst_cut_as_from(&mut plan, &SHAPE_5, 5, &[512], from, 50);
         }
         let step = windows[0].0;
         let timed = windows.iter().map(|(at, groups)| (*at, groups.as_slice()));
@@ -1555,7 +1593,7 @@ fn the_live_steps_over_250_ms_replayed_stay_within_the_bounds() {
     }
     let over = placements.iter().filter(|&&p| p > 19).count();
     assert!(
-        over <= 9 && placements.iter().all(|&p| p <= 21),
+        over <= 6 && placements.iter().all(|&p| p <= 21),
         "placements: {placements:?}"
     );
     assert_eq!(outside, 0, "steps out of balance");
