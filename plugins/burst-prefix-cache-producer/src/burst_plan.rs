@@ -214,8 +214,9 @@ pub struct BurstPlan {
     burst_from_ms: u64,
     forgotten_sizes: Vec<usize>,
     previous_sizes: Vec<usize>,
-    /// The group sizes of the latest burst whose groups differed in size, largest first, when
-    /// bursts of equal groups came since: a second prior for a burst after them.
+    /// The group sizes of the latest burst whose sizes were a mix ([`is_size_mix`]), largest
+    /// first, when bursts of equal groups (or of a few groups) came since: a prior for a burst
+    /// after them as well.
     unequal_sizes: Vec<usize>,
     /// The requests the previous burst brought and how long they took to arrive, if a burst
     /// of two or more groups ended; how far the current one has come is measured against it.
@@ -405,6 +406,10 @@ const HOME_ROUNDS_END: f64 = 0.9;
 /// the next step, while a step sent before the last one ended begins once the last one has
 /// brought several requests per group.
 const WAVE_UNDER_WAY: u64 = 4;
+
+/// The fewest groups of a burst whose mix of sizes is kept as a prior past bursts of equal
+/// groups: a few groups that happened to come together between two steps are no step's mix.
+const MIX_GROUPS: usize = 4;
 
 /// Groups `BurstPlan::describe` lists, the most seen first.
 const DESCRIBED_GROUPS: usize = 64;
@@ -1185,10 +1190,10 @@ impl BurstPlan {
         if sizes.len() >= 2 {
             sizes.sort_unstable_by(|a, b| b.cmp(a));
             let replaced = std::mem::replace(&mut self.previous_sizes, sizes);
-            if sizes_differ(&replaced) {
+            if is_size_mix(&replaced) {
                 self.unequal_sizes = replaced;
             }
-            if sizes_differ(&self.previous_sizes) {
+            if is_size_mix(&self.previous_sizes) {
                 self.unequal_sizes.clear();
             }
             self.previous_burst = Some(length);
@@ -1553,10 +1558,11 @@ impl<'a> Fleet<'a> {
     }
 }
 
-/// Whether group sizes (largest first) differ by more than counts of equal groups would: their
-/// spread around their mean beyond its own (a count's variance is its mean).
-fn sizes_differ(sizes: &[usize]) -> bool {
-    if sizes.len() < 2 {
+/// Whether the group sizes of a burst (largest first) are a mix worth keeping as a prior past
+/// bursts of equal groups: at least [`MIX_GROUPS`] groups, whose sizes spread around their mean
+/// beyond what counts of equal groups would (a count's variance is its mean).
+fn is_size_mix(sizes: &[usize]) -> bool {
+    if sizes.len() < MIX_GROUPS {
         return false;
     }
     let mean = sizes.iter().sum::<usize>() as f64 / sizes.len() as f64;

@@ -1493,15 +1493,17 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
 
 #[test]
 fn an_unequal_step_after_a_burst_of_equal_groups_goes_by_the_last_unequal_sizes() {
-    // Shape 5, then 32 x 16 (an evaluation batch between two training steps, say), then shape
-    // 5 again, the last two cut as live steps reached the router, over 50 ms, 40 orders per
-    // cut. Going by the equal groups just before it alone, the third burst had no sizes to go
-    // by: 12 of 600 over P + R − 1, 2 out of balance, 16.4 placements.
+    // Shape 5, then two groups of 8 and 2 that came together, then 32 x 16 (an evaluation
+    // batch between two training steps, say), then shape 5 again, the last two cut as live
+    // steps reached the router, over 50 ms, 40 orders per cut. Going by the equal groups just
+    // before it alone, the last burst had no sizes to go by: 12 of 600 over P + R − 1, 2 out
+    // of balance, 16.4 placements. Two groups are no step's mix, and do not replace shape 5's.
     let (mut over, mut outside, mut placements) = (0, 0, 0);
     for (k, cuts) in LIVE_CUTS.iter().enumerate() {
         for seed in 1..=40 {
             let mut plan = BurstPlan::new(2000, 100);
             let _ = burst_cut_as_from(&mut plan, &SHAPE_5, seed + 2000, &[512], 0, 50);
+            let _ = burst_cut_as_from(&mut plan, &[8, 2], seed + 3000, &[10], 500, 5);
             let equal_cuts = LIVE_CUTS[(k + 1) % LIVE_CUTS.len()];
             let _ = burst_cut_as_from(&mut plan, &[16; 32], seed + 1000, equal_cuts, 1000, 50);
             let (load, pairs) = burst_cut_as_from(&mut plan, &SHAPE_5, seed, cuts, 2000, 50);
