@@ -236,6 +236,9 @@ pub struct BurstPlan {
     /// When (in `arrivals`, and on the plan's clock) the next round of new homes may open: see
     /// [`BurstPlan::open_home_round`].
     next_home_round: (u64, u64),
+    /// Where (in `arrivals`) the stream last resumed anew ([`BurstPlan::resumes_anew`]): the
+    /// groups of two or more whose last member came before have stopped.
+    resumed_from: u64,
 }
 
 /// One window as the plan saw it: per replica the load it carried, the part of that no
@@ -407,9 +410,10 @@ const HOME_ROUNDS_END: f64 = 0.9;
 /// brought several requests per group.
 const WAVE_UNDER_WAY: u64 = 4;
 
-/// The fewest groups of a burst whose mix of sizes is kept as a prior past bursts of equal
-/// groups: a few groups that happened to come together between two steps are no step's mix.
-const MIX_GROUPS: usize = 4;
+/// The fewest groups taken for a step of their own: a burst whose mix of sizes is kept as a
+/// prior past bursts of equal groups ([`is_size_mix`]), or the new groups a stream resumes
+/// with ([`BurstPlan::resumes_anew`]). A few groups that happened to come together are no step.
+const STEP_GROUPS: usize = 4;
 
 /// Groups `BurstPlan::describe` lists, the most seen first.
 const DESCRIBED_GROUPS: usize = 64;
@@ -439,6 +443,7 @@ impl BurstPlan {
             latest: WindowView::default(),
             burst_start: WindowView::default(),
             next_home_round: (0, 0),
+            resumed_from: 0,
         }
     }
 
@@ -543,6 +548,9 @@ impl BurstPlan {
         // The previous burst's last window, should this one start the next: a window of lone
         // first members placed since belongs to the next burst.
         let last_burst_ms = self.last_burst_ms;
+        if self.resumes_anew(now_ms, groups) {
+            self.resumed_from = window_from;
+        }
         // No group of two or more still arriving: a group this window completes starts a
         // burst. Groups of two or more past their pause limit but kept for a stall of the
         // whole stream do not count when this window brings none of them: the stream resumed
@@ -830,6 +838,8 @@ impl BurstPlan {
     /// pause lasted four times its limit (the next step of a training loop, say). When the
     /// stream resumes with none of the paused groups, only others, the next burst has begun
     /// (the next step after the slow tail of the last), and the paused groups have stopped.
+    /// So have the groups of two or more the stream left when it resumes anew
+    /// ([`BurstPlan::resumes_anew`]), within their pause or not.
     fn active(&self) -> impl Iterator<Item = &Trail> + Clone {
         self.trails.values().filter(|t| self.is_active(t))
     }
@@ -851,6 +861,9 @@ impl BurstPlan {
                 Standing::Stopped
             };
         }
+        if trail.last_arrival < self.resumed_from {
+            return Standing::Stopped;
+        }
         let members_between = trail.seen as u64 - 1;
         let pace = (trail.last_ms - trail.first_ms) / members_between;
         let limit = (8 * pace).max(self.window_ms).min(self.memory_ms / 2);
@@ -867,6 +880,29 @@ impl BurstPlan {
         } else {
             Standing::Stopped
         }
+    }
+
+    /// Whether the window being placed at `now_ms` resumes the stream anew: it comes at least a
+    /// quarter of a batch window after the last one, brings no member of a group of two or
+    /// more still active, and brings [`STEP_GROUPS`] new groups of two or more. The stream
+    /// paused and came back with the next burst (a step after a large prompt alone, say): the
+    /// groups it left have stopped, though a batch window has not yet passed since their last
+    /// member, and are no part of the new burst.
+    fn resumes_anew(&self, now_ms: u64, groups: &[WindowGroup<'_>]) -> bool {
+        let lasted_ms = self.latest.at_ms.saturating_sub(self.burst_from_ms);
+        let pause_ms = (self.window_ms / 4).max(lasted_ms);
+        if now_ms < self.latest.at_ms.saturating_add(pause_ms) {
+            return false;
+        }
+        let mut new_groups = 0;
+        for group in groups.iter().filter(|g| !g.positions.is_empty()) {
+            match self.trails.get(&group.key) {
+                Some(trail) if trail.seen > 1 && self.is_active(trail) => return false,
+                Some(_) => {}
+                None => new_groups += usize::from(group.positions.len() > 1),
+            }
+        }
+        new_groups >= STEP_GROUPS
     }
 
     /// Whether the burst's groups look all known: twice as many members as there are
@@ -1559,10 +1595,10 @@ impl<'a> Fleet<'a> {
 }
 
 /// Whether the group sizes of a burst (largest first) are a mix worth keeping as a prior past
-/// bursts of equal groups: at least [`MIX_GROUPS`] groups, whose sizes spread around their mean
+/// bursts of equal groups: at least [`STEP_GROUPS`] groups, whose sizes spread around their mean
 /// beyond what counts of equal groups would (a count's variance is its mean).
 fn is_size_mix(sizes: &[usize]) -> bool {
-    if sizes.len() < MIX_GROUPS {
+    if sizes.len() < STEP_GROUPS {
         return false;
     }
     let mean = sizes.iter().sum::<usize>() as f64 / sizes.len() as f64;
