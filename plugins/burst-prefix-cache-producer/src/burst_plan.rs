@@ -20,7 +20,8 @@
 //!    than around the mean by more than a count's own variance — the next step of a training
 //!    loop repeating the last one's mix of group sizes — and shrink towards it instead. After
 //!    a burst of equal groups (an evaluation batch between two training steps, say), the sizes
-//!    of the latest burst whose groups differed are a prior too, taken the same way. When a
+//!    of the latest burst of [`STEP_GROUPS`] groups or more whose sizes differed are a prior
+//!    too, taken the same way. When a
 //!    second wave of groups begins while the first is still arriving (the next step sent
 //!    before the last one ended; see [`BurstPlan::second_wave`]), each wave's counts are
 //!    estimated on their own, at their own stage, and the second wave's groups are expected to
@@ -882,12 +883,15 @@ impl BurstPlan {
         }
     }
 
-    /// Whether the window being placed at `now_ms` resumes the stream anew: it comes at least a
-    /// quarter of a batch window after the last one, brings no member of a group of two or
-    /// more still active, and brings [`STEP_GROUPS`] new groups of two or more. The stream
-    /// paused and came back with the next burst (a step after a large prompt alone, say): the
-    /// groups it left have stopped, though a batch window has not yet passed since their last
-    /// member, and are no part of the new burst.
+    /// Whether the window being placed at `now_ms` resumes the stream anew: it comes after a
+    /// pause longer than the current burst had lasted and at least a quarter of a batch
+    /// window, brings no member of a group of two or more still active, and brings
+    /// [`STEP_GROUPS`] new groups of two or more. The stream paused and came back with the
+    /// next burst (a step after a large prompt alone, say): the groups it left have stopped,
+    /// though a batch window has not yet passed since their last member, and are no part of
+    /// the new burst. A pause shorter than the burst so far is a client's stall within it
+    /// (prompts sent one after the other, whose earlier groups are complete, resume with new
+    /// ones too).
     fn resumes_anew(&self, now_ms: u64, groups: &[WindowGroup<'_>]) -> bool {
         let lasted_ms = self.latest.at_ms.saturating_sub(self.burst_from_ms);
         let pause_ms = (self.window_ms / 4).max(lasted_ms);
@@ -934,11 +938,12 @@ impl BurstPlan {
     /// four groups (and an eighth as many as the first wave has) whose first members came after
     /// a pause in new groups at least twice as long as the first wave has groups and eight of
     /// its spacings between them, once a first wave of at least four groups had brought
-    /// [`WAVE_UNDER_WAY`] requests per group, and whose counts grow, since their first members, at least 70% as fast per
-    /// millisecond as the first wave's, on average over the groups and over their requests
-    /// pooled. The groups of one burst all begin within its first few requests each, and
-    /// those that begin late are its smallest, and grow more slowly; a few of them still young
-    /// can look fast by one of the two measures, seldom by both.
+    /// [`WAVE_UNDER_WAY`] requests per group, and whose counts grow, since their first
+    /// members, at least 70% as fast per millisecond as the first wave's, on average over the
+    /// groups and over their requests pooled. The groups of one burst all begin within its
+    /// first few requests each, and those that begin late are its smallest, and grow more
+    /// slowly; a few of them still young can look fast by one of the two measures, seldom by
+    /// both.
     fn second_wave(&self) -> Option<u64> {
         let mut firsts = self.first_arrivals.borrow_mut();
         firsts.clear();

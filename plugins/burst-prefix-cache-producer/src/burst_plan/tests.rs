@@ -1425,10 +1425,11 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
     //   later; it replays as 19 since an early excess of up to a group waits).
     // Every replica must end within 10% of its share. Over the bound: no second step (with
     // the sizes of the first to go by), and one first step (no sizes to carry), by four.
-    // Without the early tolerance of a group, the 22 above replays as 22. Opening new homes that close a cycle of groups and replicas for any excess past
-    // the allowance: three second steps over, up to 21, and six first; holding those back but
-    // not the homes past P + R − 1, two and three; and those too, but rescuing a replica
-    // under the level from any shortfall below the floor, one and two.
+    // Without the early tolerance of a group, the 22 above replays as 22. Opening new homes
+    // that close a cycle of groups and replicas for any excess past the allowance: three
+    // second steps over, up to 21, and six first; holding those back but not the homes past
+    // P + R − 1, two and three; and those too, but rescuing a replica under the level from
+    // any shortfall below the floor, one and two.
     let mut plan = BurstPlan::new(2000, 100);
     let (mut firsts, mut seconds, mut prompts_on_busiest) = (Vec::new(), Vec::new(), Vec::new());
     let mut at_once = Vec::new();
