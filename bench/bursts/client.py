@@ -443,18 +443,22 @@ async def fetch_decisions(session, admin, ids):
             "plan": await fetch_burst_plan(session, admin)}
 
 
+PLAN_FIELDS = ("burstStart", "latestWindow", "previousBurst", "previousBurstSizes",
+               "unequalBurstSizes", "groupsRemembered", "groups")
+
+
 async def fetch_burst_plan(session, admin):
-    """The burst producer's view of the step's first window (`burstStart` of its state):
-    what each replica carried then and what the plan put on it; and the burst before the
-    step (`previousBurst`), which the step's progress was measured against."""
+    """The burst producer's plan after the step (its state's `plan`): the step's first window
+    (`burstStart`: what each replica carried then and what the plan put on it) and its last
+    (`latestWindow`), the burst before the step (`previousBurst`, which the step's progress
+    was measured against) and the sizes it went by, and the groups it remembers with their
+    parts per replica (`groups`), which tell a split the plan chose from one made after it."""
     text, error = await admin_get(session, admin, "/plugins/state")
     if error:
         return error
     for state in json.loads(text).values():
         if isinstance(state, dict) and isinstance(state.get("plan"), dict):
-            return {"burstStart": state["plan"].get("burstStart"),
-                    "previousBurst": state["plan"].get("previousBurst"),
-                    "groupsRemembered": state["plan"].get("groupsRemembered")}
+            return {field: state["plan"].get(field) for field in PLAN_FIELDS}
     return None
 
 
