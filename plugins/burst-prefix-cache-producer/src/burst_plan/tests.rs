@@ -1551,7 +1551,7 @@ fn a_new_home_needs_a_larger_excess_as_a_step_nears_the_size_of_the_last() {
 
 #[test]
 fn the_live_steps_over_250_ms_replayed_stay_within_the_bounds() {
-    // Shape 9 as it reached the router live in eleven runs of four rounds, in 14 to 33 windows
+    // Shape 9 as it reached the router live in fourteen runs of four rounds, in 14 to 33 windows
     // a step, each round through one plan after the shape-8 step the bench sends before it.
     // The 40 steps replayed, before new homes came in rounds: 13 over P + R − 1 (up to 24);
     // after, six (up to 21) and one out of balance. That one (73 and 57 of 64) took the
@@ -1571,7 +1571,8 @@ fn the_live_steps_over_250_ms_replayed_stay_within_the_bounds() {
     // sizes to go by in the 32 equal ones of shape 8 before it. Since the sizes of the last
     // unequal burst (shape 5, earlier in the same router) count too: six over, three of them
     // a round's first step. Two more runs (88 steps): nine over (five of them a round's first
-    // step), at most 23; without the last unequal sizes, ten (six), at most 22.
+    // step), at most 23; without the last unequal sizes, ten (six), at most 22. Three runs
+    // with this plan (112 steps) added none over.
     let mut plan = BurstPlan::new(2000, 100);
     let (mut placements, mut outside, mut waves) = (Vec::new(), 0, 0);
     for (header, windows) in steps_of(LIVE_STEPS_250_MS) {
