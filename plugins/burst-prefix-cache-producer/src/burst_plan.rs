@@ -1231,11 +1231,10 @@ impl BurstPlan {
         if sizes.len() >= 2 {
             sizes.sort_unstable_by(|a, b| b.cmp(a));
             let replaced = std::mem::replace(&mut self.previous_sizes, sizes);
-            if is_size_mix(&replaced) {
-                self.unequal_sizes = replaced;
-            }
             if is_size_mix(&self.previous_sizes) {
                 self.unequal_sizes.clear();
+            } else if is_size_mix(&replaced) {
+                self.unequal_sizes = replaced;
             }
             self.previous_burst = Some(length);
         }
