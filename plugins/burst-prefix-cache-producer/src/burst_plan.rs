@@ -28,12 +28,14 @@
 //!    be as large on average as the first wave's.
 //! 2. A group seen for the first time goes whole to the replica with the least planned load
 //!    (estimated sizes times parts; among replicas planned alike, one that took no new group
-//!    in the same window; for prompts sent in turn, among those within half a group of it,
-//!    the one whose newest group came longest ago), largest first — or, when the cache
-//!    estimate says some replicas already hold its whole prompt (its first member went there
-//!    before the plan took note, or the prompt is simply cached), to the least planned of
-//!    those: anywhere else would prefill it again, and step 3 still splits it if balance needs
-//!    that. When the counts follow the previous burst's sizes, or the window brings the burst
+//!    in the same window, then the one whose prefill the group brings nearest the burst's
+//!    average prompt length times its groups; for prompts sent in turn, among those within
+//!    half a group of it, by that prefill first, then the one whose newest group came longest
+//!    ago), largest first and, at equal counts in a window that brings the burst at once,
+//!    longest first — or, when the cache estimate says some replicas already hold its whole
+//!    prompt (its first member went there before the plan took note, or the prompt is simply
+//!    cached), to the least planned of those: anywhere else would prefill it again, and step
+//!    3 still splits it if balance needs that. When the counts follow the previous burst's sizes, or the window brings the burst
 //!    at once, and the groups look complete (and no new groups keep appearing), a group that
 //!    takes its replica past what step 3 would allow is split there and then, its excess on
 //!    the next least planned replica, before the smaller groups fill in around it.
@@ -139,6 +141,8 @@ struct Trail {
     last_arrival: u64,
     seen: usize,
     weight: f64,
+    /// The prompt's length in blocks: what a replica it has a share on prefills.
+    blocks: usize,
     shares: Vec<Share>,
 }
 
@@ -526,6 +530,7 @@ impl BurstPlan {
             last_arrival: arrival,
             seen: 1,
             weight,
+            blocks: key.blocks,
             shares: vec![Share::new(replica, 1.0, 1)],
         });
         self.newest_from = self.newest_from.max(arrival);
@@ -581,6 +586,7 @@ impl BurstPlan {
                 last_arrival: first_arrival,
                 seen: 0,
                 weight: group.weight,
+                blocks: group.key.blocks,
                 shares: Vec::new(),
             });
             if trail.shares.is_empty() {
@@ -630,23 +636,28 @@ impl BurstPlan {
         opened_at.clear();
         opened_at.resize(replicas.len(), 0);
         let (mut total, mut active, mut members_seen, mut weight_seen) = (0.0, 0u32, 0usize, 0.0);
+        let mut blocks = 0usize;
         for trail in self.active() {
             let load = estimate.size(trail) * trail.weight;
             total += load;
             active += 1;
             members_seen += trail.seen;
             weight_seen += trail.seen as f64 * trail.weight;
+            blocks += trail.blocks;
             for share in &trail.shares {
                 if let Some(r) = fleet.position(share) {
                     fleet.planned[r] += share.part * load;
+                    fleet.prefill[r] += trail.blocks;
+                    fleet.prompts[r] += 1;
                     sent[r] += share.sent;
                     opened_at[r] = opened_at[r].max(trail.first_arrival + 1);
                 }
             }
         }
         self.opened_at = opened_at;
-        // The estimated load of a group, on average.
+        // The estimated load of a group, on average, and its prompt's length.
         let mean_group = total / f64::from(active.max(1));
+        let mean_blocks = blocks as f64 / f64::from(active.max(1));
         // Load the replicas carry that the remembered groups do not explain (other traffic,
         // groups already forgotten), in the plan's units.
         let per_member = if members_seen > 0 {
@@ -681,9 +692,18 @@ impl BurstPlan {
             })
             .map(|homes| (fleet.level * (1.0 + homes.from)).max(fleet.ceiling));
 
+        let at_once = self.brings_burst_at_once(window_requests);
         fresh.sort_by(|&a, &b| {
             let seen = |g: usize| self.trails[&groups[g].key].seen;
-            seen(b).cmp(&seen(a)).then(a.cmp(&b))
+            let blocks = |g: usize| groups[g].key.blocks;
+            seen(b)
+                .cmp(&seen(a))
+                .then(if at_once {
+                    blocks(b).cmp(&blocks(a))
+                } else {
+                    std::cmp::Ordering::Equal
+                })
+                .then(a.cmp(&b))
         });
         // A new group goes, among the replicas planned alike, to one that took no new group in
         // this window. Prompts sent in turn (new ones keep appearing, and at most two groups
@@ -712,6 +732,14 @@ impl BurstPlan {
                 .filter(|&r| r < replicas.len())
                 .min_by(|&a, &b| fleet.order(a, b));
             let opened_at = &self.opened_at;
+            // Among replicas planned alike, the one whose prefill, with this prompt, comes
+            // nearest an average prompt's length times its prompts: a long prompt goes where
+            // short ones went, so replicas with as many groups also prefill about as much. A
+            // step's slowest requests wait on the busiest prefill queue.
+            let prefill = |r: usize| {
+                let with = (fleet.prefill[r] + trail.blocks) as f64;
+                (with - (fleet.prompts[r] + 1) as f64 * mean_blocks).abs()
+            };
             let target = cached.unwrap_or_else(|| {
                 let least = fleet.planned[fleet.least_planned()];
                 (0..replicas.len())
@@ -724,12 +752,25 @@ impl BurstPlan {
                                 u64::from(opened_at[r] > window_from)
                             }
                         };
-                        recency(a).cmp(&recency(b)).then_with(|| fleet.order(a, b))
+                        if in_turn {
+                            prefill(a)
+                                .total_cmp(&prefill(b))
+                                .then(recency(a).cmp(&recency(b)))
+                                .then_with(|| fleet.order(a, b))
+                        } else {
+                            recency(a)
+                                .cmp(&recency(b))
+                                .then_with(|| fleet.order_by_load(a, b))
+                                .then(prefill(a).total_cmp(&prefill(b)))
+                                .then_with(|| fleet.order(a, b))
+                        }
                     })
                     .unwrap_or(0)
             });
             self.opened_at[target] = trail.first_arrival + 1;
             fleet.planned[target] += size;
+            fleet.prefill[target] += trail.blocks;
+            fleet.prompts[target] += 1;
             trail.shares.push(Share::new(replicas[target].id, 1.0, 0));
             if let Some(most) = split_fresh_from {
                 split_fresh(trail, size, target, most, &mut fleet);
@@ -1516,6 +1557,10 @@ struct Fleet<'a> {
     /// Planned load per replica: what it carries besides the remembered groups, plus each
     /// group's estimated size (times a member's weight) times its part there.
     planned: Vec<f64>,
+    /// Blocks each replica prefills for the remembered groups it has a share of, and how many
+    /// groups those are.
+    prefill: Vec<usize>,
+    prompts: Vec<usize>,
     /// The level a balanced plan brings the replicas to (those already above it excepted).
     level: f64,
     ceiling: f64,
@@ -1528,6 +1573,8 @@ impl<'a> Fleet<'a> {
         Fleet {
             replicas,
             planned: vec![0.0; replicas.len()],
+            prefill: vec![0; replicas.len()],
+            prompts: vec![0; replicas.len()],
             level: 0.0,
             ceiling: 0.0,
             per_member: 1.0,
@@ -1581,14 +1628,17 @@ impl<'a> Fleet<'a> {
 
     /// Orders replicas by planned load, then by carried load and id.
     fn order(&self, a: usize, b: usize) -> std::cmp::Ordering {
-        self.planned[a]
-            .total_cmp(&self.planned[b])
-            .then_with(|| {
-                self.replicas[a]
-                    .running_requests
-                    .cmp(&self.replicas[b].running_requests)
-            })
+        self.order_by_load(a, b)
             .then_with(|| self.replicas[a].id.cmp(self.replicas[b].id))
+    }
+
+    /// Orders replicas by planned load, then by carried load.
+    fn order_by_load(&self, a: usize, b: usize) -> std::cmp::Ordering {
+        self.planned[a].total_cmp(&self.planned[b]).then_with(|| {
+            self.replicas[a]
+                .running_requests
+                .cmp(&self.replicas[b].running_requests)
+        })
     }
 
     fn least_planned(&self) -> usize {
