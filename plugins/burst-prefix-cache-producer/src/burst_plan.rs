@@ -925,17 +925,27 @@ impl BurstPlan {
     }
 
     /// Whether the window being placed at `now_ms` resumes the stream anew: it comes after a
-    /// pause longer than the current burst had lasted and at least a quarter of a batch
-    /// window, brings no member of a group of two or more still active, and brings
-    /// [`STEP_GROUPS`] new groups of two or more. The stream paused and came back with the
-    /// next burst (a step after a large prompt alone, say): the groups it left have stopped,
-    /// though a batch window has not yet passed since their last member, and are no part of
-    /// the new burst. A pause shorter than the burst so far is a client's stall within it
-    /// (prompts sent one after the other, whose earlier groups are complete, resume with new
-    /// ones too).
+    /// pause of at least a quarter of a batch window (and, once the burst has [`STEP_GROUPS`]
+    /// groups of two or more, longer than it had lasted), brings no member of a group of two
+    /// or more still active, and brings [`STEP_GROUPS`] new groups of two or more. The stream
+    /// paused and came back with the next burst (a step after a large prompt alone, say): the
+    /// groups it left have stopped, though a batch window has not yet passed since their last
+    /// member, and are no part of the new burst. In a burst of a step's groups, a pause
+    /// shorter than the burst so far is a client's stall within it (prompts sent one after
+    /// the other, whose earlier groups are complete, resume with new ones too).
     fn resumes_anew(&self, now_ms: u64, groups: &[WindowGroup<'_>]) -> bool {
         let lasted_ms = self.latest.at_ms.saturating_sub(self.burst_from_ms);
-        let pause_ms = (self.window_ms / 4).max(lasted_ms);
+        let few_groups = self
+            .active()
+            .filter(|t| t.seen > 1)
+            .take(STEP_GROUPS)
+            .count()
+            < STEP_GROUPS;
+        let pause_ms = if few_groups {
+            self.window_ms / 4
+        } else {
+            (self.window_ms / 4).max(lasted_ms)
+        };
         if now_ms < self.latest.at_ms.saturating_add(pause_ms) {
             return false;
         }

@@ -1709,10 +1709,19 @@ fn a_bursts_length_ends_with_its_last_window_not_the_next_steps_lone_first_reque
     assert_eq!(previous["lengthMs"], 60, "{previous}");
 }
 
-/// The first step of `bench/bursts` shape 1 (32 x 16 sent at once) as it reached the router
-/// live 35 ms after the bench's warm-up (one prompt's 512 requests), in the format of
-/// [`LIVE_STEPS`].
+/// Two first steps of `bench/bursts` shape 1 (32 x 16 sent at once) as they reached the router
+/// live soon after the bench's warm-up (one prompt's 512 requests), in the format of
+/// [`LIVE_STEPS`]: 35 ms after a warm-up of 6 ms, then 55 ms after one of a second.
 const LIVE_STEP_AFTER_A_PROMPT_ALONE: &str = include_str!("live_step_after_a_prompt_alone.txt");
+
+/// The recorded step of [`LIVE_STEP_AFTER_A_PROMPT_ALONE`] whose header names `run`.
+fn live_step_after_a_prompt_alone(run: &str) -> Vec<LiveWindow> {
+    steps_of(LIVE_STEP_AFTER_A_PROMPT_ALONE)
+        .into_iter()
+        .find(|(header, _)| header.contains(run))
+        .map(|(_, windows)| windows)
+        .expect("a recorded step")
+}
 
 #[test]
 fn a_step_soon_after_a_large_prompt_alone_is_a_burst_of_its_own() {
@@ -1729,11 +1738,47 @@ fn a_step_soon_after_a_large_prompt_alone_is_a_burst_of_its_own() {
         .into_iter()
         .zip(alone.iter().map(Vec::as_slice));
     let _ = placed_timed_windows(&mut plan, 77, windows);
-    let (_, step) = steps_of(LIVE_STEP_AFTER_A_PROMPT_ALONE)
-        .pop()
-        .expect("a step");
+    let step = live_step_after_a_prompt_alone("092951");
     let timed = step.iter().map(|(at, groups)| (*at, groups.as_slice()));
     let (load, placed) = placed_timed_windows(&mut plan, step[0].0, timed);
+    assert_eq!(load, vec![64; 8]);
+    assert_eq!(placed.len(), 32);
+}
+
+#[test]
+fn a_step_soon_after_a_prompt_alone_that_took_long_is_a_burst_of_its_own_too() {
+    // The warm-up's first request alone, one second before its other 511, which reach the
+    // router in three windows while one replica runs a request of other traffic; 55 ms later
+    // shape 1's first step as it reached the router live. The step's pause was shorter than
+    // the prompt had lasted, so the prompt counted as still arriving: its parts, one request
+    // apart, times its whole size, sent a fifth prompt to one replica and three to another
+    // (48 to 80 requests per replica, live and replayed). A burst of fewer groups than a
+    // step's is not paused within by a client's stall: a quarter of a batch window is pause
+    // enough.
+    let ids = eight_replicas();
+    let mut plan = BurstPlan::new(2000, 100);
+    let mut running = vec![0, 0, 0, 0, 1, 0, 0, 0];
+    let alone = |_: usize| GroupKey {
+        blocks: 4,
+        digest: 999,
+    };
+    for (now, requests) in [(344, 1), (1340, 150), (1350, 200), (1359, 161)] {
+        for r in place_window(&mut plan, now, &vec![0; requests], alone, &ids, &running) {
+            running[r] += 1;
+        }
+    }
+    let mut load = vec![0u64; 8];
+    let mut placed = BTreeSet::new();
+    for (now, window) in live_step_after_a_prompt_alone("134448") {
+        let busy: Vec<u64> = running.iter().zip(&load).map(|(a, b)| a + b).collect();
+        for (&g, r) in window
+            .iter()
+            .zip(place_window(&mut plan, now, &window, key, &ids, &busy))
+        {
+            load[r] += 1;
+            placed.insert((g, r));
+        }
+    }
     assert_eq!(load, vec![64; 8]);
     assert_eq!(placed.len(), 32);
 }
