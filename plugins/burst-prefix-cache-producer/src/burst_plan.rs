@@ -233,6 +233,9 @@ pub struct BurstPlan {
     /// Per replica, one past the arrival of the newest active group's first member among the
     /// groups with a home there (0: none), for the window being placed.
     opened_at: Vec<u64>,
+    /// Per replica, the blocks it prefills for the active groups with a home there and how
+    /// many groups those are, for the window being placed.
+    prefill: Vec<(usize, usize)>,
     /// What the plan saw and decided in its latest window, and in the first window of the
     /// latest burst (the window that gave a group its second member while no other group of
     /// two or more was still arriving), for `state`.
@@ -445,6 +448,7 @@ impl BurstPlan {
             links: Links::default(),
             first_arrivals: RefCell::new(Vec::new()),
             opened_at: Vec::new(),
+            prefill: Vec::new(),
             latest: WindowView::default(),
             burst_start: WindowView::default(),
             next_home_round: (0, 0),
@@ -635,8 +639,11 @@ impl BurstPlan {
         let mut opened_at = std::mem::take(&mut self.opened_at);
         opened_at.clear();
         opened_at.resize(replicas.len(), 0);
+        let mut prefill = std::mem::take(&mut self.prefill);
+        prefill.clear();
+        prefill.resize(replicas.len(), (0, 0));
         let (mut total, mut active, mut members_seen, mut weight_seen) = (0.0, 0u32, 0usize, 0.0);
-        let mut blocks = 0usize;
+        let (mut blocks, mut shortest, mut longest) = (0usize, usize::MAX, 0usize);
         for trail in self.active() {
             let load = estimate.size(trail) * trail.weight;
             total += load;
@@ -644,11 +651,13 @@ impl BurstPlan {
             members_seen += trail.seen;
             weight_seen += trail.seen as f64 * trail.weight;
             blocks += trail.blocks;
+            shortest = shortest.min(trail.blocks);
+            longest = longest.max(trail.blocks);
             for share in &trail.shares {
                 if let Some(r) = fleet.position(share) {
                     fleet.planned[r] += share.part * load;
-                    fleet.prefill[r] += trail.blocks;
-                    fleet.prompts[r] += 1;
+                    prefill[r].0 += trail.blocks;
+                    prefill[r].1 += 1;
                     sent[r] += share.sent;
                     opened_at[r] = opened_at[r].max(trail.first_arrival + 1);
                 }
@@ -736,9 +745,12 @@ impl BurstPlan {
             // nearest an average prompt's length times its prompts: a long prompt goes where
             // short ones went, so replicas with as many groups also prefill about as much. A
             // step's slowest requests wait on the busiest prefill queue.
-            let prefill = |r: usize| {
-                let with = (fleet.prefill[r] + trail.blocks) as f64;
-                (with - (fleet.prompts[r] + 1) as f64 * mean_blocks).abs()
+            let prefill_off = |r: usize| {
+                if shortest == longest {
+                    return 0.0;
+                }
+                let (blocks, prompts) = prefill[r];
+                ((blocks + trail.blocks) as f64 - (prompts + 1) as f64 * mean_blocks).abs()
             };
             let target = cached.unwrap_or_else(|| {
                 let least = fleet.planned[fleet.least_planned()];
@@ -753,15 +765,15 @@ impl BurstPlan {
                             }
                         };
                         if in_turn {
-                            prefill(a)
-                                .total_cmp(&prefill(b))
+                            prefill_off(a)
+                                .total_cmp(&prefill_off(b))
                                 .then(recency(a).cmp(&recency(b)))
                                 .then_with(|| fleet.order(a, b))
                         } else {
                             recency(a)
                                 .cmp(&recency(b))
                                 .then_with(|| fleet.order_by_load(a, b))
-                                .then(prefill(a).total_cmp(&prefill(b)))
+                                .then(prefill_off(a).total_cmp(&prefill_off(b)))
                                 .then_with(|| fleet.order(a, b))
                         }
                     })
@@ -769,8 +781,8 @@ impl BurstPlan {
             });
             self.opened_at[target] = trail.first_arrival + 1;
             fleet.planned[target] += size;
-            fleet.prefill[target] += trail.blocks;
-            fleet.prompts[target] += 1;
+            prefill[target].0 += trail.blocks;
+            prefill[target].1 += 1;
             trail.shares.push(Share::new(replicas[target].id, 1.0, 0));
             if let Some(most) = split_fresh_from {
                 split_fresh(trail, size, target, most, &mut fleet);
@@ -794,6 +806,7 @@ impl BurstPlan {
             }
             self.rebalance(&mut fleet, &estimate, new_homes);
         }
+        self.prefill = prefill;
         self.latest.record(now_ms, groups, &fleet, &base);
         self.latest.new_homes = new_homes;
         self.latest.second_wave_groups = estimate.second_from.map(|_| estimate.second.groups);
@@ -934,20 +947,16 @@ impl BurstPlan {
     /// shorter than the burst so far is a client's stall within it (prompts sent one after
     /// the other, whose earlier groups are complete, resume with new ones too).
     fn resumes_anew(&self, now_ms: u64, groups: &[WindowGroup<'_>]) -> bool {
-        let lasted_ms = self.latest.at_ms.saturating_sub(self.burst_from_ms);
-        let few_groups = self
-            .active()
-            .filter(|t| t.seen > 1)
-            .take(STEP_GROUPS)
-            .count()
-            < STEP_GROUPS;
-        let pause_ms = if few_groups {
-            self.window_ms / 4
-        } else {
-            (self.window_ms / 4).max(lasted_ms)
-        };
-        if now_ms < self.latest.at_ms.saturating_add(pause_ms) {
+        let paused_ms = now_ms.saturating_sub(self.latest.at_ms);
+        if paused_ms < self.window_ms / 4 {
             return false;
+        }
+        let lasted_ms = self.latest.at_ms.saturating_sub(self.burst_from_ms);
+        if paused_ms < lasted_ms {
+            let burst_groups = self.active().filter(|t| t.seen > 1).take(STEP_GROUPS);
+            if burst_groups.count() == STEP_GROUPS {
+                return false;
+            }
         }
         let mut new_groups = 0;
         for group in groups.iter().filter(|g| !g.positions.is_empty()) {
@@ -1567,10 +1576,6 @@ struct Fleet<'a> {
     /// Planned load per replica: what it carries besides the remembered groups, plus each
     /// group's estimated size (times a member's weight) times its part there.
     planned: Vec<f64>,
-    /// Blocks each replica prefills for the remembered groups it has a share of, and how many
-    /// groups those are.
-    prefill: Vec<usize>,
-    prompts: Vec<usize>,
     /// The level a balanced plan brings the replicas to (those already above it excepted).
     level: f64,
     ceiling: f64,
@@ -1583,8 +1588,6 @@ impl<'a> Fleet<'a> {
         Fleet {
             replicas,
             planned: vec![0.0; replicas.len()],
-            prefill: vec![0; replicas.len()],
-            prompts: vec![0; replicas.len()],
             level: 0.0,
             ceiling: 0.0,
             per_member: 1.0,
