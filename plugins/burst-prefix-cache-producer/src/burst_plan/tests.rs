@@ -921,13 +921,24 @@ fn placed_timed_windows_seen<'a>(
     plan: &mut BurstPlan,
     step: u64,
     windows: impl IntoIterator<Item = (u64, &'a [usize])>,
+    seen: impl FnMut(&BurstPlan),
+) -> (Vec<usize>, BTreeSet<(usize, usize)>) {
+    placed_timed_windows_of_lengths(plan, step, windows, |_| 4, seen)
+}
+
+/// [`placed_timed_windows_seen`], the prompt of group `g` `blocks(g)` blocks long.
+fn placed_timed_windows_of_lengths<'a>(
+    plan: &mut BurstPlan,
+    step: u64,
+    windows: impl IntoIterator<Item = (u64, &'a [usize])>,
+    blocks: impl Fn(usize) -> usize,
     mut seen: impl FnMut(&BurstPlan),
 ) -> (Vec<usize>, BTreeSet<(usize, usize)>) {
     let ids: Vec<String> = (0..8).map(|r| format!("/r{r}")).collect();
     let mut load = vec![0usize; 8];
     let mut pairs = BTreeSet::new();
     let key = |g: usize| GroupKey {
-        blocks: 4,
+        blocks: blocks(g),
         digest: step << 32 | g as u64,
     };
     for (now, window) in windows {
@@ -1638,7 +1649,13 @@ fn the_live_steps_over_250_ms_replayed_stay_within_the_bounds() {
     // unequal burst (shape 5, earlier in the same router) count too: six over, three of them
     // a round's first step. Two more runs (88 steps): nine over (five of them a round's first
     // step), at most 23; without the last unequal sizes, ten (six), at most 22. Three runs
-    // with this plan (112 steps) added none over.
+    // with this plan (112 steps) added none over. Since new homes wait until 85% of the last
+    // burst's requests after two bursts of one size (shape 9 here follows shape 8 and shape 5,
+    // both of 512): four over, at most 21, but one out of balance (52 and 76 of 64: a group
+    // whose size was overestimated handed its part on, and then ended smaller than what had
+    // already been sent). Replayed with other prompt lengths, which break the ties between
+    // replicas planned alike in other orders, the steps out of balance are as many as before
+    // (`the_live_steps_replayed_with_other_prompt_lengths_stay_mostly_within_the_bounds`).
     let mut plan = BurstPlan::new(2000, 100);
     let (mut placements, mut outside, mut waves) = (Vec::new(), 0, 0);
     for (header, windows) in steps_of(LIVE_STEPS_250_MS) {
@@ -1664,10 +1681,10 @@ fn the_live_steps_over_250_ms_replayed_stay_within_the_bounds() {
     }
     let over = placements.iter().filter(|&&p| p > 19).count();
     assert!(
-        over <= 9 && placements.iter().all(|&p| p <= 23),
+        over <= 4 && placements.iter().all(|&p| p <= 21),
         "placements: {placements:?}"
     );
-    assert_eq!(outside, 0, "steps out of balance");
+    assert!(outside <= 1, "{outside} steps out of balance");
     assert!(waves <= 1, "{waves} steps took for a second wave");
 }
 
@@ -1765,4 +1782,62 @@ fn a_step_soon_after_a_prompt_alone_that_took_long_is_a_burst_of_its_own_too() {
     }
     assert_eq!(load, vec![64; 8]);
     assert_eq!(placed.len(), 32);
+}
+
+#[test]
+fn the_live_steps_replayed_with_other_prompt_lengths_stay_mostly_within_the_bounds() {
+    // The replays above give every prompt one length, so replicas planned alike are told
+    // apart by their ids alone. Live, prompt lengths order them first (see *New groups*), and
+    // where a tie breaks decides where later groups fit. Each recorded step is replayed
+    // twelve times here, its prompts 64 to 191 blocks long, drawn anew each time (the first
+    // time all alike). Before new homes waited longer after two bursts of one size, shape 9
+    // (112 steps, 1,344 replays) went over P + R − 1 in 135 and out of balance in 22, shape 5
+    // (128 steps, 1,536 replays) in 19 and 11; now shape 9 in 74 and 21, shape 5 in 18 and 11.
+    let length = |order: u64, g: usize| {
+        let scattered = (g as u64 + 1).wrapping_mul(order.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        if order == 0 {
+            4
+        } else {
+            64 + (scattered >> 57) as usize
+        }
+    };
+    let (mut over, mut outside) = ([0; 2], [0; 2]);
+    for order in 0..12u64 {
+        let blocks = |g: usize| length(order, g);
+        let mut plan = BurstPlan::new(2000, 100);
+        for (header, windows) in live_steps() {
+            if header.ends_with("step 0") {
+                plan = BurstPlan::new(2000, 100);
+                let from = windows[0].0 - 1000;
+                let _ = burst_cut_as_from(&mut plan, &[128; 4], 7, &[100, 150, 120, 142], from, 50);
+            }
+            let timed = windows.iter().map(|(at, groups)| (*at, groups.as_slice()));
+            let (load, placed) =
+                placed_timed_windows_of_lengths(&mut plan, windows[0].0, timed, blocks, |_| {});
+            over[0] += usize::from(placed.len() > 19);
+            outside[0] += usize::from(load.iter().any(|&l| l.abs_diff(64) > 6));
+        }
+        for (header, windows) in steps_of(LIVE_STEPS_250_MS) {
+            if header.contains("shape 8") {
+                plan = BurstPlan::new(2000, 100);
+                let from = windows[0].0 - 5000;
+                let _ = burst_cut_as_from(&mut plan, &SHAPE_5, 5, &[512], from, 50);
+            }
+            let timed = windows.iter().map(|(at, groups)| (*at, groups.as_slice()));
+            let (load, placed) =
+                placed_timed_windows_of_lengths(&mut plan, windows[0].0, timed, blocks, |_| {});
+            if header.contains("shape 9") {
+                over[1] += usize::from(placed.len() > 19);
+                outside[1] += usize::from(load.iter().any(|&l| l.abs_diff(64) > 6));
+            }
+        }
+    }
+    assert!(
+        over[0] <= 20 && outside[0] <= 12,
+        "shape 5: {over:?} over, {outside:?} out"
+    );
+    assert!(
+        over[1] <= 80 && outside[1] <= 24,
+        "shape 9: {over:?} over, {outside:?} out"
+    );
 }
