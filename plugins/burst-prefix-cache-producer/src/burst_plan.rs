@@ -50,8 +50,7 @@
 //!    its largest group get a new home, on the least planned replica out of reach. A replica
 //!    below the floor while none is above the ceiling pulls from the most planned one along
 //!    shared groups. Until the burst has brought [`LATE_IN_BURST`] of the previous one's
-//!    requests ([`LATE_IN_STEADY_BURSTS`] when the last two bursts were as large), or lasted
-//!    as long, a replica may run further over before it gets a new home
+//!    requests (or lasted as long), a replica may run further over before it gets a new home
 //!    (and the new home as far), from [`URGENT_EXCESS`] at the start down to the ceiling: a
 //!    new home opened on early, noisy counts is often one the final sizes would not have
 //!    needed, and each costs a prefill. Meanwhile an excess of up to one mean group, fading
@@ -227,9 +226,6 @@ pub struct BurstPlan {
     /// The requests the previous burst brought and how long they took to arrive, if a burst
     /// of two or more groups ended; how far the current one has come is measured against it.
     previous_burst: Option<(u64, u64)>,
-    /// Whether the previous burst brought as many requests as the one before it, within
-    /// [`STEADY_SIZE`].
-    steady_bursts: bool,
     /// The rebalance's buffers, kept between windows.
     links: Links,
     /// The first arrivals [`BurstPlan::second_wave`] sorts, kept between windows.
@@ -379,19 +375,8 @@ const PRIOR_GROUPS: usize = 4096;
 /// prefill.
 const LATE_IN_BURST: f64 = 0.7;
 
-/// [`LATE_IN_BURST`] once the last two bursts brought as many requests: the steps of a
-/// training loop are alike in size, and a burst that has been so is likely to be again. The
-/// later the point, the fewer new homes opened on counts still noisy; the earlier, the closer
-/// to balance a burst smaller than the last ends.
-const LATE_IN_STEADY_BURSTS: f64 = 0.85;
-
-/// How near, as a share of the earlier one, two bursts' requests must be for the bursts to
-/// count as alike in size.
-const STEADY_SIZE: f64 = 0.1;
-
 /// How far over the level, as a share of it, a replica may run at the start of a burst before
-/// it gets a new home; the allowance shrinks evenly to the ceiling's at [`LATE_IN_BURST`] (or
-/// [`LATE_IN_STEADY_BURSTS`]).
+/// it gets a new home; the allowance shrinks evenly to the ceiling's at [`LATE_IN_BURST`].
 const URGENT_EXCESS: f64 = 0.3;
 
 /// The share of the previous burst's requests a burst's first window must bring for its
@@ -456,7 +441,6 @@ impl BurstPlan {
             burst_from: 0,
             burst_from_ms: 0,
             previous_burst: None,
-            steady_bursts: false,
             forgotten_sizes: Vec::new(),
             previous_sizes: Vec::new(),
             unequal_sizes: Vec::new(),
@@ -511,11 +495,7 @@ impl BurstPlan {
             "previousBurstSizes": &self.previous_sizes,
             "unequalBurstSizes": &self.unequal_sizes,
             "previousBurst": self.previous_burst.map(|(requests, length_ms)| {
-                serde_json::json!({
-                    "requests": requests,
-                    "lengthMs": length_ms,
-                    "asLargeAsTheOneBefore": self.steady_bursts,
-                })
+                serde_json::json!({ "requests": requests, "lengthMs": length_ms })
             }),
             "nextHomeRound": self.home_rounds_measure().map(|_| {
                 let (from, from_ms) = self.next_home_round;
@@ -847,10 +827,10 @@ impl BurstPlan {
 
     /// How far over the level (a share of it) a replica may run before it gets a new home, and
     /// a new home may run, while the burst has brought less than [`LATE_IN_BURST`] of the
-    /// previous one's requests (or [`LATE_IN_STEADY_BURSTS`], when the last two bursts were as
-    /// large) and lasted less than it (a step of a training loop is much like the last): from
-    /// [`URGENT_EXCESS`] at its start down to the ceiling's allowance at that point, so a burst
-    /// that ends sooner than the last leaves a replica at most that far over. `None` (the ceiling alone) before a burst of two or more groups has ended, from
+    /// previous one's requests and lasted less than it (a step of a training loop is much like
+    /// the last): from [`URGENT_EXCESS`] at its start down to the ceiling's allowance at that
+    /// point, so a burst that ends sooner than the last leaves a replica at most that far
+    /// over. `None` (the ceiling alone) before a burst of two or more groups has ended, from
     /// that point on, and in a window that brings nearly all of the burst so far and at least
     /// [`AT_ONCE`] of the previous one's requests: a burst sent at once, whose counts are as
     /// good as they get.
@@ -870,14 +850,9 @@ impl BurstPlan {
         } else {
             elapsed_ms as f64 / length_ms as f64
         };
-        let late = if self.steady_bursts {
-            LATE_IN_STEADY_BURSTS
-        } else {
-            LATE_IN_BURST
-        };
-        let progress = by_requests.max(late * by_time);
-        (progress < late)
-            .then(|| URGENT_EXCESS - (URGENT_EXCESS - ALLOWANCE / 2.0) * progress / late)
+        let progress = by_requests.max(LATE_IN_BURST * by_time);
+        (progress < LATE_IN_BURST)
+            .then(|| URGENT_EXCESS - (URGENT_EXCESS - ALLOWANCE / 2.0) * progress / LATE_IN_BURST)
     }
 
     /// Whether the window being placed, of `window_requests`, brings nearly all of the burst so
@@ -1321,9 +1296,6 @@ impl BurstPlan {
             } else if is_size_mix(&replaced) {
                 self.unequal_sizes = replaced;
             }
-            self.steady_bursts = self.previous_burst.is_some_and(|(requests, _)| {
-                (length.0 as f64 - requests as f64).abs() <= STEADY_SIZE * requests as f64
-            });
             self.previous_burst = Some(length);
         }
         self.burst_from = window_from;

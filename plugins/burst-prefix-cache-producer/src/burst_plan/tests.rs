@@ -1649,13 +1649,7 @@ fn the_live_steps_over_250_ms_replayed_stay_within_the_bounds() {
     // unequal burst (shape 5, earlier in the same router) count too: six over, three of them
     // a round's first step. Two more runs (88 steps): nine over (five of them a round's first
     // step), at most 23; without the last unequal sizes, ten (six), at most 22. Three runs
-    // with this plan (112 steps) added none over. Since new homes wait until 85% of the last
-    // burst's requests after two bursts of one size (shape 9 here follows shape 8 and shape 5,
-    // both of 512): four over, at most 21, but one out of balance (52 and 76 of 64: a group
-    // whose size was overestimated handed its part on, and then ended smaller than what had
-    // already been sent). Replayed with other prompt lengths, which break the ties between
-    // replicas planned alike in other orders, the steps out of balance are as many as before
-    // (`the_live_steps_replayed_with_other_prompt_lengths_stay_mostly_within_the_bounds`).
+    // with this plan (112 steps) added none over.
     let mut plan = BurstPlan::new(2000, 100);
     let (mut placements, mut outside, mut waves) = (Vec::new(), 0, 0);
     for (header, windows) in steps_of(LIVE_STEPS_250_MS) {
@@ -1681,10 +1675,10 @@ fn the_live_steps_over_250_ms_replayed_stay_within_the_bounds() {
     }
     let over = placements.iter().filter(|&&p| p > 19).count();
     assert!(
-        over <= 4 && placements.iter().all(|&p| p <= 21),
+        over <= 9 && placements.iter().all(|&p| p <= 23),
         "placements: {placements:?}"
     );
-    assert!(outside <= 1, "{outside} steps out of balance");
+    assert_eq!(outside, 0, "steps out of balance");
     assert!(waves <= 1, "{waves} steps took for a second wave");
 }
 
@@ -1790,9 +1784,14 @@ fn the_live_steps_replayed_with_other_prompt_lengths_stay_mostly_within_the_boun
     // apart by their ids alone. Live, prompt lengths order them first (see *New groups*), and
     // where a tie breaks decides where later groups fit. Each recorded step is replayed
     // twelve times here, its prompts 64 to 191 blocks long, drawn anew each time (the first
-    // time all alike). Before new homes waited longer after two bursts of one size, shape 9
-    // (112 steps, 1,344 replays) went over P + R − 1 in 135 and out of balance in 22, shape 5
-    // (128 steps, 1,536 replays) in 19 and 11; now shape 9 in 74 and 21, shape 5 in 18 and 11.
+    // time all alike). Shape 9 (112 steps, 1,344 replays) goes over P + R − 1 in 135 and out
+    // of balance in 22; shape 5 (128 steps, 1,536 replays) in 19 and 11.
+    //
+    // Tried: new homes waiting until 85% of the last burst's requests (not 70%) once the
+    // last two bursts were of one size. Here shape 9 went over in 74 and out in 21, but live
+    // it left 2 of 24 shape-9 steps out of balance (54 and 74, 48 and 77 of 64), where none of
+    // the 64 before had been: a split made that late has few members left to move, and a
+    // group whose size was overestimated hands on more than is still to come.
     let length = |order: u64, g: usize| {
         let scattered = (g as u64 + 1).wrapping_mul(order.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         if order == 0 {
@@ -1837,7 +1836,7 @@ fn the_live_steps_replayed_with_other_prompt_lengths_stay_mostly_within_the_boun
         "shape 5: {over:?} over, {outside:?} out"
     );
     assert!(
-        over[1] <= 80 && outside[1] <= 24,
+        over[1] <= 140 && outside[1] <= 24,
         "shape 9: {over:?} over, {outside:?} out"
     );
 }
