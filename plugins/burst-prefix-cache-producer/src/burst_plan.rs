@@ -30,8 +30,8 @@
 //!    (estimated sizes times parts; among replicas planned alike, one that took no new group
 //!    in the same window, then the one whose prefill the group brings nearest the burst's
 //!    average prompt length times its groups; for prompts sent in turn, among those within
-//!    half a group of it, by that prefill first, then the one whose newest group came longest
-//!    ago), largest first and, at equal counts in a window that brings the burst at once,
+//!    half a group of it, one with the fewest groups, then by that prefill, then the one whose
+//!    newest group came longest ago), largest first and, at equal counts in a window that brings the burst at once,
 //!    longest first — or, when the cache estimate says some replicas already hold its whole
 //!    prompt (its first member went there before the plan took note, or the prompt is simply
 //!    cached), to the least planned of those: anywhere else would prefill it again, and step
@@ -718,8 +718,10 @@ impl BurstPlan {
         // this window. Prompts sent in turn (new ones keep appearing, and at most two groups
         // besides the newest still had members after it began; shuffled prompts keep arriving
         // side by side) go, among the replicas within half a group of the least planned (the
-        // plan lets one run a group ahead meanwhile), to the one whose newest group came
-        // longest ago: consecutive prompts would otherwise queue for prefill on one replica.
+        // plan lets one run a group ahead meanwhile), to one with the fewest groups, then by
+        // prefill (below), then to the one whose newest group came longest ago: the estimates
+        // of the prompts still arriving would otherwise send consecutive prompts to one
+        // replica, where they queue for prefill.
         let in_turn = still_appearing
             && self
                 .active()
@@ -740,7 +742,6 @@ impl BurstPlan {
                 .copied()
                 .filter(|&r| r < replicas.len())
                 .min_by(|&a, &b| fleet.order(a, b));
-            let opened_at = &self.opened_at;
             // Among replicas planned alike, the one whose prefill, with this prompt, comes
             // nearest an average prompt's length times its prompts: a long prompt goes where
             // short ones went, so replicas with as many groups also prefill about as much. A
@@ -752,6 +753,7 @@ impl BurstPlan {
                 let (blocks, prompts) = prefill[r];
                 ((blocks + trail.blocks) as f64 - (prompts + 1) as f64 * mean_blocks).abs()
             };
+            let opened_at = &self.opened_at;
             let target = cached.unwrap_or_else(|| {
                 let least = fleet.planned[fleet.least_planned()];
                 (0..replicas.len())
@@ -765,8 +767,10 @@ impl BurstPlan {
                             }
                         };
                         if in_turn {
-                            prefill_off(a)
-                                .total_cmp(&prefill_off(b))
+                            prefill[a]
+                                .1
+                                .cmp(&prefill[b].1)
+                                .then(prefill_off(a).total_cmp(&prefill_off(b)))
                                 .then(recency(a).cmp(&recency(b)))
                                 .then_with(|| fleet.order(a, b))
                         } else {

@@ -810,9 +810,11 @@ fn prompts_of_different_lengths_sent_in_turn_even_out_each_replicas_prefill() {
     // replica still takes four whole prompts, and among the replicas due the next one, each
     // goes to the one whose prefill it brings nearest the average. Round the replicas in
     // turn, the busiest replica prefilled 1.20 times the mean on average over 100 orders
-    // (1.39 at most), now 1.10 (1.19); a step's slowest requests wait on it.
+    // (1.39 at most), now 1.12 (1.25); a step's slowest requests wait on it. (1.10 and 1.19
+    // when prefill came before the number of groups, but a replica could then take a second
+    // prompt before another had its first.)
     let (mean, most) = busiest_prefill(|seed| step_in_turn(seed, 3));
-    assert!(mean < 1.12 && most < 1.25, "mean {mean:.3}, most {most:.3}");
+    assert!(mean < 1.13 && most < 1.26, "mean {mean:.3}, most {most:.3}");
 }
 
 #[test]
@@ -1704,9 +1706,10 @@ fn a_bursts_length_ends_with_its_last_window_not_the_next_steps_lone_first_reque
     assert_eq!(previous["lengthMs"], 60, "{previous}");
 }
 
-/// Two first steps of `bench/bursts` shape 1 (32 x 16 sent at once) as they reached the router
-/// live soon after the bench's warm-up (one prompt's 512 requests), in the format of
-/// [`LIVE_STEPS`]: 35 ms after a warm-up of 6 ms, then 55 ms after one of a second.
+/// First steps of `bench/bursts` as they reached the router live soon after the bench's
+/// warm-up (one prompt's 512 requests), in the format of [`LIVE_STEPS`]: shape 1 (32 x 16 sent
+/// at once) 35 ms after a warm-up of 6 ms, then 55 ms after one of a second; shape 8 (32 x 16
+/// sent prompt by prompt) 33 ms after one of a second.
 const LIVE_STEP_AFTER_A_PROMPT_ALONE: &str = include_str!("live_step_after_a_prompt_alone.txt");
 
 /// The recorded step of [`LIVE_STEP_AFTER_A_PROMPT_ALONE`] whose header names `run`.
@@ -1740,6 +1743,66 @@ fn a_step_soon_after_a_large_prompt_alone_is_a_burst_of_its_own() {
     assert_eq!(placed.len(), 32);
 }
 
+/// The bench's warm-up as it reached one router live: one prompt's (2,048 tokens) first
+/// request alone, a second before its other 511, which come in three windows ending at `end_ms`, while one
+/// replica runs a request of other traffic. Returns what each replica then runs.
+fn slow_warm_up(plan: &mut BurstPlan, end_ms: u64) -> Vec<u64> {
+    let ids = eight_replicas();
+    let mut running = vec![0, 0, 0, 0, 1, 0, 0, 0];
+    let alone = |_: usize| GroupKey {
+        blocks: 128,
+        digest: 999,
+    };
+    let windows = [(1015, 1), (19, 150), (9, 200), (0, 161)];
+    for (before, requests) in windows {
+        let now = end_ms - before;
+        for r in place_window(plan, now, &vec![0; requests], alone, &ids, &running) {
+            running[r] += 1;
+        }
+    }
+    running
+}
+
+#[test]
+fn prompts_sent_in_turn_soon_after_a_prompt_alone_go_round_the_replicas() {
+    // The warm-up of `slow_warm_up`, then 33 ms later shape 8's first step (32 × 16 sent
+    // prompt by prompt) as it reached the router live. Its first window brings two new
+    // prompts and none of the warm-up's requests: the warm-up has stopped. Taken as still
+    // arriving for a batch window, its parts (one request apart) times its whole size made
+    // one replica the least planned for every new prompt in that time: live, the step's first
+    // four prompts all went to that replica and queued for prefill there (their requests took
+    // up to 892 ms, the others' 400–690).
+    const LENGTHS: [usize; 32] = [
+        151, 182, 182, 64, 96, 104, 64, 116, 71, 93, 177, 180, 185, 96, 93, 75, 131, 101, 98, 116,
+        131, 137, 140, 114, 89, 143, 86, 178, 78, 144, 139, 188,
+    ];
+    let key = |g: usize| GroupKey {
+        blocks: LENGTHS[g],
+        digest: g as u64 + 1000,
+    };
+    let ids = eight_replicas();
+    let mut plan = BurstPlan::new(2000, 100);
+    let mut running = slow_warm_up(&mut plan, 1313);
+    let mut first_homes = Vec::new();
+    let mut seen = BTreeSet::new();
+    let mut load = vec![0; 8];
+    for (now, window) in live_step_after_a_prompt_alone("143704") {
+        for (&g, r) in window
+            .iter()
+            .zip(place_window(&mut plan, now, &window, key, &ids, &running))
+        {
+            running[r] += 1;
+            load[r] += 1;
+            if seen.insert(g) {
+                first_homes.push(r);
+            }
+        }
+    }
+    assert_eq!(load, vec![64; 8]);
+    let first_eight: BTreeSet<usize> = first_homes[..8].iter().copied().collect();
+    assert_eq!(first_eight.len(), 8, "{first_homes:?}");
+}
+
 #[test]
 fn a_step_soon_after_a_prompt_alone_that_took_long_is_a_burst_of_its_own_too() {
     // The warm-up's first request alone, one second before its other 511, which reach the
@@ -1752,16 +1815,7 @@ fn a_step_soon_after_a_prompt_alone_that_took_long_is_a_burst_of_its_own_too() {
     // enough.
     let ids = eight_replicas();
     let mut plan = BurstPlan::new(2000, 100);
-    let mut running = vec![0, 0, 0, 0, 1, 0, 0, 0];
-    let alone = |_: usize| GroupKey {
-        blocks: 4,
-        digest: 999,
-    };
-    for (now, requests) in [(344, 1), (1340, 150), (1350, 200), (1359, 161)] {
-        for r in place_window(&mut plan, now, &vec![0; requests], alone, &ids, &running) {
-            running[r] += 1;
-        }
-    }
+    let running = slow_warm_up(&mut plan, 1359);
     let mut load = vec![0u64; 8];
     let mut placed = BTreeSet::new();
     for (now, window) in live_step_after_a_prompt_alone("134448") {
