@@ -31,14 +31,15 @@
 //!    in the same window, then the one whose prefill the group brings nearest the burst's
 //!    average prompt length times its groups; for prompts sent in turn, among those within
 //!    half a group of it, one with the fewest groups, then by that prefill, then the one whose
-//!    newest group came longest ago), largest first and, at equal counts in a window that brings the burst at once,
-//!    longest first — or, when the cache estimate says some replicas already hold its whole
-//!    prompt (its first member went there before the plan took note, or the prompt is simply
-//!    cached), to the least planned of those: anywhere else would prefill it again, and step
-//!    3 still splits it if balance needs that. When the counts follow the previous burst's sizes, or the window brings the burst
-//!    at once, and the groups look complete (and no new groups keep appearing), a group that
-//!    takes its replica past what step 3 would allow is split there and then, its excess on
-//!    the next least planned replica, before the smaller groups fill in around it.
+//!    newest group came longest ago), largest first and, at equal counts in a window that
+//!    brings the burst at once, longest first — or, when the cache estimate says some
+//!    replicas already hold its whole prompt (its first member went there before the plan
+//!    took note, or the prompt is simply cached), to the least planned of those: anywhere
+//!    else would prefill it again, and step 3 still splits it if balance needs that. When the
+//!    counts follow the previous burst's sizes, or the window brings the burst at once, and
+//!    the groups look complete (and no new groups keep appearing), a group that takes its
+//!    replica past what step 3 would allow is split there and then, its excess on the next
+//!    least planned replica, before the smaller groups fill in around it.
 //! 3. Once the burst's groups seem all known (`groups_look_complete`), a replica planned above
 //!    the level by more than half of [`ALLOWANCE`] (or one request) sheds load to replicas
 //!    below the level. It first does so along the groups that already have homes on several
