@@ -686,9 +686,8 @@ impl BurstPlan {
         fleet.set_level(&base, total, per_member);
 
         let complete = self.groups_look_complete(burst_groups, replicas.len() as u64);
-        let waiting = complete
-            .then(|| self.new_homes_wait(window_requests))
-            .flatten();
+        let at_once = self.brings_burst_at_once(window_requests);
+        let waiting = complete.then(|| self.new_homes_wait(at_once)).flatten();
         let new_homes = complete.then(|| NewHomes::at(waiting, settled, mean_group));
         // With the previous burst's sizes to go by, or in a window that brings the burst at
         // once, a group found larger than a share is split when it is first placed, before the
@@ -696,13 +695,9 @@ impl BurstPlan {
         // take a sliver of it. Not while new groups keep appearing: the newest have only begun,
         // and their ranks say nothing of their sizes.
         let split_fresh_from = new_homes
-            .filter(|_| {
-                (estimate.first.takes_prior() || self.brings_burst_at_once(window_requests))
-                    && !still_appearing
-            })
+            .filter(|_| (estimate.first.takes_prior() || at_once) && !still_appearing)
             .map(|homes| (fleet.level * (1.0 + homes.from)).max(fleet.ceiling));
 
-        let at_once = self.brings_burst_at_once(window_requests);
         fresh.sort_by(|&a, &b| {
             let seen = |g: usize| self.trails[&groups[g].key].seen;
             let blocks = |g: usize| groups[g].key.blocks;
@@ -836,12 +831,12 @@ impl BurstPlan {
     /// the last): from [`URGENT_EXCESS`] at its start down to the ceiling's allowance at that
     /// point, so a burst that ends sooner than the last leaves a replica at most that far
     /// over. `None` (the ceiling alone) before a burst of two or more groups has ended, from
-    /// that point on, and in a window that brings nearly all of the burst so far and at least
-    /// [`AT_ONCE`] of the previous one's requests: a burst sent at once, whose counts are as
-    /// good as they get.
-    fn new_homes_wait(&self, window_requests: u64) -> Option<f64> {
+    /// that point on, and when the window is `at_once` (it brings nearly all of the burst so
+    /// far and at least [`AT_ONCE`] of the previous one's requests: a burst sent at once,
+    /// whose counts are as good as they get).
+    fn new_homes_wait(&self, at_once: bool) -> Option<f64> {
         let (_, length_ms) = self.previous_burst?;
-        if self.brings_burst_at_once(window_requests) {
+        if at_once {
             return None;
         }
         let by_requests = self.share_of_previous();

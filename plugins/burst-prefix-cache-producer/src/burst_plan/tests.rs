@@ -1744,8 +1744,9 @@ fn a_step_soon_after_a_large_prompt_alone_is_a_burst_of_its_own() {
 }
 
 /// The bench's warm-up as it reached one router live: one prompt's (2,048 tokens) first
-/// request alone, a second before its other 511, which come in three windows ending at `end_ms`, while one
-/// replica runs a request of other traffic. Returns what each replica then runs.
+/// request alone, a second before its other 511, which come in three windows ending at
+/// `end_ms`, while one replica runs a request of other traffic. Returns what each replica then
+/// runs.
 fn slow_warm_up(plan: &mut BurstPlan, end_ms: u64) -> Vec<u64> {
     let ids = eight_replicas();
     let mut running = vec![0, 0, 0, 0, 1, 0, 0, 0];
@@ -1766,12 +1767,13 @@ fn slow_warm_up(plan: &mut BurstPlan, end_ms: u64) -> Vec<u64> {
 #[test]
 fn prompts_sent_in_turn_soon_after_a_prompt_alone_go_round_the_replicas() {
     // The warm-up of `slow_warm_up`, then 33 ms later shape 8's first step (32 × 16 sent
-    // prompt by prompt) as it reached the router live. Its first window brings two new
-    // prompts and none of the warm-up's requests: the warm-up has stopped. Taken as still
-    // arriving for a batch window, its parts (one request apart) times its whole size made
-    // one replica the least planned for every new prompt in that time: live, the step's first
-    // four prompts all went to that replica and queued for prefill there (their requests took
-    // up to 892 ms, the others' 400–690).
+    // prompt by prompt) as it reached the router live, with its prompts' lengths. The
+    // warm-up's prompt still counts as arriving in the first windows, and the estimates of
+    // prompts still arriving leave a replica that just took one within half a group of the
+    // least planned. With prefill deciding first among those, the step's first four prompts
+    // all went to one replica, live and replayed, and queued for prefill there (their
+    // requests took up to 892 ms, the others' 400–690). A replica with the fewest groups
+    // comes first now.
     const LENGTHS: [usize; 32] = [
         151, 182, 182, 64, 96, 104, 64, 116, 71, 93, 177, 180, 185, 96, 93, 75, 131, 101, 98, 116,
         131, 137, 140, 114, 89, 143, 86, 178, 78, 144, 139, 188,
