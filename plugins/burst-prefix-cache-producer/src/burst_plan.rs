@@ -342,10 +342,12 @@ struct NewHomes {
 }
 
 impl NewHomes {
-    /// The allowances once the burst has brought `settled` of the previous one's requests:
-    /// each grows from the ceiling's towards its settled value, as the counts near the
-    /// groups' sizes. `mean_group` is the estimated load of a group, on average.
-    fn at(waiting: Option<f64>, settled: f64, mean_group: f64) -> Self {
+    /// The allowances once the burst has brought `settled` of the previous one's requests
+    /// (`measured`: there is a previous burst to go by): each grows from the ceiling's towards
+    /// its settled value, as the counts near the groups' sizes, except the one past the
+    /// bounds, which is the balance bound's whenever the burst is measured.
+    /// `mean_group` is the estimated load of a group, on average.
+    fn at(waiting: Option<f64>, settled: f64, measured: bool, mean_group: f64) -> Self {
         let grown = |to: f64| ALLOWANCE / 2.0 + (to - ALLOWANCE / 2.0) * settled;
         // What is left of the wait, 1 at its start and 0 at its end.
         let left = waiting.map_or(0.0, |w| {
@@ -354,7 +356,11 @@ impl NewHomes {
         NewHomes {
             waiting,
             from: waiting.unwrap_or(0.0).max(grown(SETTLED_EXCESS)),
-            past_bound: grown(PAST_BOUND_EXCESS),
+            past_bound: if measured {
+                PAST_BOUND_EXCESS
+            } else {
+                grown(PAST_BOUND_EXCESS)
+            },
             lumps: mean_group * left * left,
         }
     }
@@ -394,13 +400,14 @@ const SETTLED_EXCESS: f64 = 0.08;
 /// How far over the level a replica must run, or under it the replica meant to relieve it,
 /// as a share of the level, before a new home closes a cycle of groups and replicas (its group
 /// already joins the two through groups with homes on both, none able to carry more) or takes
-/// the active groups past P + R − 1 placements, once the burst has brought as many requests as
-/// the previous one: the balance bound's 10%. Groups and replicas linked by placements keep
-/// those within P + R − 1 as long as they form a forest; a cycle spends a placement that only
-/// a tree joining the rest may need, and a placement past the bound is worth it only to keep a
-/// replica within the balance bound. Before that point the allowance grows from the ceiling's
-/// with the share of the previous burst's requests: early counts cannot tell a replica that
-/// will end far from its share from one that will end near it.
+/// the active groups past P + R − 1 placements: the balance bound's 10%. Groups and replicas
+/// linked by placements keep those within P + R − 1 as long as they form a forest; a cycle
+/// spends a placement that only a tree joining the rest may need, and a placement past the
+/// bound is worth it only to keep a replica within the balance bound. This holds from the
+/// burst's first window: an excess estimated on early counts is no surer to end outside the
+/// bound than a late one, and a placement spent on it is one a later home joining two
+/// separate trees lacks. Only a burst with no previous one to go by (its counts never settle)
+/// keeps the ceiling's.
 const PAST_BOUND_EXCESS: f64 = 0.1;
 
 /// How long a round of new homes lasts by time, in shares of the previous burst's length per
@@ -629,10 +636,11 @@ impl BurstPlan {
         // While new groups keep appearing (prompts sent one after the other) a count is no
         // sample of its group's size: the newest group has only begun.
         let still_appearing = self.groups_still_appearing();
-        let settled = if still_appearing {
-            0.0
-        } else {
+        let measured = !still_appearing && self.previous_burst.is_some();
+        let settled = if measured {
             self.share_of_previous()
+        } else {
+            0.0
         };
         let estimate = Estimates::of(self, settled);
         let mut fleet = Fleet::new(replicas);
@@ -688,7 +696,7 @@ impl BurstPlan {
         let complete = self.groups_look_complete(burst_groups, replicas.len() as u64);
         let at_once = self.brings_burst_at_once(window_requests);
         let waiting = complete.then(|| self.new_homes_wait(at_once)).flatten();
-        let new_homes = complete.then(|| NewHomes::at(waiting, settled, mean_group));
+        let new_homes = complete.then(|| NewHomes::at(waiting, settled, measured, mean_group));
         // With the previous burst's sizes to go by, or in a window that brings the burst at
         // once, a group found larger than a share is split when it is first placed, before the
         // smaller groups fill in around it: split later, the replicas it overflows would each

@@ -1840,8 +1840,12 @@ fn the_live_steps_replayed_with_other_prompt_lengths_stay_mostly_within_the_boun
     // apart by their ids alone. Live, prompt lengths order them first (see *New groups*), and
     // where a tie breaks decides where later groups fit. Each recorded step is replayed
     // twelve times here, its prompts 64 to 191 blocks long, drawn anew each time (the first
-    // time all alike). Shape 9 (112 steps, 1,344 replays) goes over P + R − 1 in 135 and out
-    // of balance in 22; shape 5 (128 steps, 1,536 replays) in 19 and 11.
+    // time all alike). Shape 9 (112 steps, 1,344 replays) went over P + R − 1 in 133 and out
+    // of balance in 23; shape 5 (128 steps, 1,536 replays) in 19 and 11. Most steps over had
+    // closed a cycle of groups and replicas 30% to 90% into the step, for an excess that
+    // needed only 5% to 9% of the level while the step was young. Since such a home needs the
+    // balance bound's 10% from the step's start: shape 9 102 and 23, shape 5 unchanged (on 36
+    // other draws of the lengths, shape 9 380 over before and 307 after, 62 out both times).
     //
     // Tried: new homes waiting until 85% of the last burst's requests (not 70%) once the
     // last two bursts were of one size. Here shape 9 went over in 74 and out in 21, but live
@@ -1892,7 +1896,7 @@ fn the_live_steps_replayed_with_other_prompt_lengths_stay_mostly_within_the_boun
         "shape 5: {over:?} over, {outside:?} out"
     );
     assert!(
-        over[1] <= 140 && outside[1] <= 24,
+        over[1] <= 110 && outside[1] <= 24,
         "shape 9: {over:?} over, {outside:?} out"
     );
 }
