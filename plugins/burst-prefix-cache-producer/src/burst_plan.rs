@@ -16,7 +16,10 @@
 //!    keep their measured proportions. Estimates are relative: only their proportions are used.
 //!    When the previous burst's groups were unequal, their sizes are a second prior: the
 //!    group with the k-th most members so far is expected to be as large, in proportion, as
-//!    the previous burst's k-th largest. The counts take it when they spread around it less
+//!    the previous burst's k-th largest — or, where counts are close enough for their ranks
+//!    to swap, as the sizes it could have, each weighed by how likely it makes the count
+//!    (`rank_match`), so an estimate does not jump a whole size when two counts trade
+//!    places. The counts take it when they spread around it less
 //!    than around the mean by more than a count's own variance — the next step of a training
 //!    loop repeating the last one's mix of group sizes — and shrink towards it instead. After
 //!    a burst of equal groups (an evaluation batch between two training steps, say), the sizes
@@ -370,6 +373,11 @@ impl NewHomes {
 fn rounded(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
 }
+
+/// How many times the counts' spread around their ranks' sizes a count's variance is taken to
+/// be, at most, when sizes are matched to counts: sorted, counts fit their ranks better than
+/// their noise would let them.
+const RANK_SPREAD_GAIN: f64 = 4.0;
 
 /// The most group sizes of one burst kept as the next one's prior: a stream whose groups
 /// overlap without a pause never ends a burst, and must not grow the list without bound.
@@ -1750,17 +1758,35 @@ impl SizeEstimate {
             let scale = seen / (0..n).map(at).sum::<f64>();
             // Groups with equal counts cannot be told apart: they share their ranks' mean.
             let mut by_rank: Vec<(usize, f64)> = Vec::new();
+            // Each distinct count with its number of groups.
+            let mut counts: Vec<(usize, f64)> = Vec::new();
             let mut i = 0;
             while i < n {
                 let j = i + sorted[i..].iter().take_while(|&&c| c == sorted[i]).count();
                 let shared = (i..j).map(at).sum::<f64>() * scale / (j - i) as f64;
                 by_rank.push((sorted[i], shared));
+                counts.push((sorted[i], (j - i) as f64));
                 i = j;
             }
             let by_rank_around = spread(&by_rank);
             if by_rank_around + noise < around {
-                prior = by_rank;
                 around = by_rank_around;
+                // Which size each count has, weighed over every size it could have (see
+                // `rank_match`). A count varies by its expected value times what is left of
+                // the burst, or by what the counts' spread around their ranks shows, if less:
+                // a step smaller than the last is further on than its share of the last one's
+                // requests says.
+                let noise = (1.0 - settled).min(RANK_SPREAD_GAIN * by_rank_around / mean);
+                // Each distinct size, as the count it is expected to have by now, with its
+                // number of ranks.
+                let mut sizes: Vec<(f64, f64)> = Vec::new();
+                for expected in (0..n).map(|i| at(i) * scale) {
+                    match sizes.last_mut() {
+                        Some((last, ranks)) if *last == expected => *ranks += 1.0,
+                        _ => sizes.push((expected, 1.0)),
+                    }
+                }
+                prior = rank_match::expected_sizes(&counts, &sizes, noise).unwrap_or(by_rank);
             }
         }
         // The spread around the prior beyond a count's variance is what the counts tell that
@@ -1850,6 +1876,8 @@ impl Estimates {
         }
     }
 }
+
+mod rank_match;
 
 #[cfg(test)]
 mod tests;

@@ -1120,7 +1120,8 @@ fn unequal_groups_like_the_previous_steps_are_sized_from_it() {
     // balance bound: opened for any excess past the allowance, 14 of 600 over; waiting only
     // when it closes a cycle, 8. A replica under the level gets a new home only for as large
     // a shortfall as an over replica needs for one: rescued from any shortfall below the
-    // floor, 16.4 placements and 6 over.
+    // floor, 16.4 placements and 6 over. Close counts sharing the sizes they could have
+    // (`rank_match`) leaves 3 over, as before, and 3 out of balance where none were.
     let steps =
         second_step_over_live_cuts(FirstStep::Cut(&SHAPE_5), &SHAPE_5, 6, 40, STEP_SPREAD_MS);
     assert!(steps.placements <= 16.2, "{} placements", steps.placements);
@@ -1136,7 +1137,8 @@ fn a_step_after_one_sent_at_once_is_measured_by_its_requests() {
     // second window: 57 of 600 steps over P + R − 1 (14 with every new home that closes a
     // cycle of groups and replicas opened past the allowance, not only to keep the balance
     // bound; 8 with only those waiting, not the homes past P + R − 1; 6 with a replica under
-    // the level rescued from any shortfall below the floor).
+    // the level rescued from any shortfall below the floor). Close counts sharing the sizes
+    // they could have leaves 3 over, as before, and 3 out of balance where none were.
     let steps =
         second_step_over_live_cuts(FirstStep::AtOnce(&SHAPE_5), &SHAPE_5, 6, 40, STEP_SPREAD_MS);
     steps.assert_over_bound_at_most(3);
@@ -1178,11 +1180,15 @@ fn a_smaller_step_sent_at_the_same_pace_ends_near_balance() {
     // Half of shape 5 after a whole one, sent in half the time: it brings half the last
     // step's requests in half its time, so new homes wait all through it, with an allowance
     // down to 12% over the level when it ends. 209 of 600 such steps end with a replica 4 or
-    // more off its 32 requests (opening new homes at once: 5); 15 more than 6 off.
+    // more off its 32 requests (opening new homes at once: 5); 15 more than 6 off. With sizes
+    // matched to counts rank by rank, 22 more than 6 off; 41 since close counts share the
+    // sizes they could have (`rank_match`): such a step is further on than its share of the
+    // last one's requests says, so its counts are taken for noisier than they are, and its
+    // large groups' sizes for nearer their neighbours'.
     let half: Vec<usize> = SHAPE_5.iter().map(|s| s / 2).collect();
     let steps =
         second_step_over_live_cuts(FirstStep::Cut(&SHAPE_5), &half, 6, 40, STEP_SPREAD_MS / 2);
-    steps.assert_out_of_balance_at_most(25);
+    steps.assert_out_of_balance_at_most(46);
 }
 
 /// Shape 5 as the second of two steps through one plan, 100 orders: the first cut as
@@ -1563,10 +1569,11 @@ fn the_live_steps_replayed_stay_within_the_placement_bound() {
     // more than five (in four); 94 without the early tolerance of a group; rescuing a replica
     // out of reach for any shortfall below the floor, not only one as large as the excess
     // that gets an over replica a new home, four or more in 47 of the first 120 steps and
-    // five in six.
+    // five in six. Since close counts share the sizes they could have: four or more in 36,
+    // never more than five.
     let busy = prompts_on_busiest.iter().filter(|&&p| p > 3).count();
     assert!(
-        busy <= 31 && most(&prompts_on_busiest) <= 5,
+        busy <= 36 && most(&prompts_on_busiest) <= 5,
         "most prompts on a replica: {prompts_on_busiest:?}"
     );
 }
@@ -1597,8 +1604,10 @@ fn an_unequal_step_after_a_burst_of_equal_groups_goes_by_the_last_unequal_sizes(
             placements += pairs;
         }
     }
-    assert!(over <= 2, "{over} of 600 over P + R − 1");
-    assert_eq!(outside, 0, "steps out of balance");
+    // With sizes matched to counts rank by rank: 2 over and none out of balance; since close
+    // counts share the sizes they could have, 3 and 3.
+    assert!(over <= 3, "{over} of 600 over P + R − 1");
+    assert!(outside <= 3, "{outside} of 600 steps out of balance");
     assert!(
         placements <= 600 * 16,
         "{placements} placements in 600 steps"
@@ -1658,9 +1667,7 @@ fn the_live_steps_over_250_ms_replayed_stay_within_the_bounds() {
         if header.contains("shape 8") {
             // The bench sends shape 5 earlier in the same router: its sizes are the last
             // unequal ones when shape 9 begins.
-            plan = BurstPlan::new(2000, 100);
-            let from = windows[0].0 - 5000;
-            let _ = burst_cut_as_from(&mut plan, &SHAPE_5, 5, &[512], from, 50);
+            plan = plan_after_shape_5(windows[0].0);
         }
         let step = windows[0].0;
         let timed = windows.iter().map(|(at, groups)| (*at, groups.as_slice()));
@@ -1680,7 +1687,9 @@ fn the_live_steps_over_250_ms_replayed_stay_within_the_bounds() {
         over <= 9 && placements.iter().all(|&p| p <= 23),
         "placements: {placements:?}"
     );
-    assert_eq!(outside, 0, "steps out of balance");
+    // Since close counts share the sizes they could have (`rank_match`), one step ends a
+    // replica 7 off its share; five go over (eight before).
+    assert!(outside <= 1, "{outside} steps out of balance");
     assert!(waves <= 1, "{waves} steps took for a second wave");
 }
 
@@ -1846,6 +1855,8 @@ fn the_live_steps_replayed_with_other_prompt_lengths_stay_mostly_within_the_boun
     // needed only 5% to 9% of the level while the step was young. Since such a home needs the
     // balance bound's 10% from the step's start: shape 9 102 and 23, shape 5 unchanged (on 36
     // other draws of the lengths, shape 9 380 over before and 307 after, 62 out both times).
+    // Since close counts share the sizes they could have (`rank_match`), not the sizes of
+    // their ranks alone: shape 9 61 and 5, shape 5 12 and 11.
     //
     // Tried: new homes waiting until 85% of the last burst's requests (not 70%) once the
     // last two bursts were of one size. Here shape 9 went over in 74 and out in 21, but live
@@ -1878,9 +1889,7 @@ fn the_live_steps_replayed_with_other_prompt_lengths_stay_mostly_within_the_boun
         }
         for (header, windows) in steps_of(LIVE_STEPS_250_MS) {
             if header.contains("shape 8") {
-                plan = BurstPlan::new(2000, 100);
-                let from = windows[0].0 - 5000;
-                let _ = burst_cut_as_from(&mut plan, &SHAPE_5, 5, &[512], from, 50);
+                plan = plan_after_shape_5(windows[0].0);
             }
             let timed = windows.iter().map(|(at, groups)| (*at, groups.as_slice()));
             let (load, placed) =
@@ -1892,11 +1901,65 @@ fn the_live_steps_replayed_with_other_prompt_lengths_stay_mostly_within_the_boun
         }
     }
     assert!(
-        over[0] <= 20 && outside[0] <= 12,
+        over[0] <= 14 && outside[0] <= 12,
         "shape 5: {over:?} over, {outside:?} out"
     );
     assert!(
-        over[1] <= 110 && outside[1] <= 24,
+        over[1] <= 70 && outside[1] <= 8,
         "shape 9: {over:?} over, {outside:?} out"
     );
+}
+
+/// A fresh plan that saw a step of shape 5 five seconds before `first_ms`, as the bench's full
+/// runs send it before shapes 8 and 9: its sizes are the last unequal ones there.
+fn plan_after_shape_5(first_ms: u64) -> BurstPlan {
+    let mut plan = BurstPlan::new(2000, 100);
+    let _ = burst_cut_as_from(&mut plan, &SHAPE_5, 5, &[512], first_ms - 5000, 50);
+    plan
+}
+
+/// Steps of shape 9 as they reached the router live in six runs of `bench/bursts` (two full
+/// runs of four rounds after the plan matched sizes to counts, two before, and two runs of
+/// shapes 8 and 9 alone, eight rounds each), in the format of [`LIVE_STEPS_250_MS`] with each
+/// step's prompt lengths (in blocks, by group) at the end of its header; times are shifted
+/// 10 s on so that a burst can be set before them.
+const LIVE_STEPS_250_MS_WITH_LENGTHS: &str = include_str!("live_steps_250ms_lengths.txt");
+
+#[test]
+fn the_live_steps_replayed_with_their_prompt_lengths_stay_within_the_bounds() {
+    // The other replays of shape 9 give every prompt one length, or draw lengths anew, so
+    // ties between replicas planned alike break in another order than they did live. With
+    // the lengths each step had, replays track the bench: 400 shape-9 steps of 39 runs went
+    // over P + R − 1 in 53 and out of balance in 6 live, and in 45 and 4 replayed through the
+    // plan that matched sizes to counts rank by rank (17 and 1 through this one); the 16
+    // steps of the two runs made with this plan (both in the file), 2 and 1 both ways.
+    // Each round's plan first sees shape 5 (the bench's full runs send it earlier), then the
+    // last step of shape 8, then shape 9's two steps.
+    let mut plan = BurstPlan::new(2000, 100);
+    let (mut steps, mut over, mut outside) = (0, 0, 0);
+    for (header, windows) in steps_of(LIVE_STEPS_250_MS_WITH_LENGTHS) {
+        let (_, lengths) = header.split_once(" lengths ").expect("prompt lengths");
+        let blocks: Vec<usize> = lengths
+            .split(' ')
+            .map(|l| l.parse().expect("a length"))
+            .collect();
+        if header.contains("shape 8") {
+            plan = plan_after_shape_5(windows[0].0);
+        }
+        let timed = windows.iter().map(|(at, groups)| (*at, groups.as_slice()));
+        let (load, placed) =
+            placed_timed_windows_of_lengths(&mut plan, windows[0].0, timed, |g| blocks[g], |_| {});
+        assert_eq!(load.iter().sum::<usize>(), 512, "{header}");
+        if header.contains("shape 9") {
+            steps += 1;
+            over += usize::from(placed.len() > 19);
+            outside += usize::from(load.iter().any(|&l| l.abs_diff(64) > 6));
+        }
+    }
+    assert_eq!(steps, 64);
+    // Live, with the plan of the time (48 steps matching sizes to counts rank by rank, 16
+    // letting close counts share sizes): 8 over P + R − 1 and 2 out of balance. Replayed,
+    // rank by rank: 12 and 2; sharing: 3 and 1.
+    assert!(over <= 4, "{over} of {steps} steps over P + R − 1");
+    assert!(outside <= 1, "{outside} of {steps} steps out of balance");
 }
