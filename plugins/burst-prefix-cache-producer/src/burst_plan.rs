@@ -1759,13 +1759,13 @@ impl SizeEstimate {
             // Groups with equal counts cannot be told apart: they share their ranks' mean.
             let mut by_rank: Vec<(usize, f64)> = Vec::new();
             // Each distinct count with its number of groups.
-            let mut counts: Vec<(usize, f64)> = Vec::new();
+            let mut counts: Vec<(usize, usize)> = Vec::new();
             let mut i = 0;
             while i < n {
                 let j = i + sorted[i..].iter().take_while(|&&c| c == sorted[i]).count();
                 let shared = (i..j).map(at).sum::<f64>() * scale / (j - i) as f64;
                 by_rank.push((sorted[i], shared));
-                counts.push((sorted[i], (j - i) as f64));
+                counts.push((sorted[i], j - i));
                 i = j;
             }
             let by_rank_around = spread(&by_rank);
@@ -1776,17 +1776,17 @@ impl SizeEstimate {
                 // the burst, or by what the counts' spread around their ranks shows, if less:
                 // a step smaller than the last is further on than its share of the last one's
                 // requests says.
-                let noise = (1.0 - settled).min(RANK_SPREAD_GAIN * by_rank_around / mean);
+                let count_noise = (1.0 - settled).min(RANK_SPREAD_GAIN * by_rank_around / mean);
                 // Each distinct size, as the count it is expected to have by now, with its
                 // number of ranks.
-                let mut sizes: Vec<(f64, f64)> = Vec::new();
+                let mut sizes: Vec<(f64, usize)> = Vec::new();
                 for expected in (0..n).map(|i| at(i) * scale) {
                     match sizes.last_mut() {
-                        Some((last, ranks)) if *last == expected => *ranks += 1.0,
-                        _ => sizes.push((expected, 1.0)),
+                        Some((last, ranks)) if *last == expected => *ranks += 1,
+                        _ => sizes.push((expected, 1)),
                     }
                 }
-                prior = rank_match::expected_sizes(&counts, &sizes, noise).unwrap_or(by_rank);
+                prior = rank_match::expected_sizes(&counts, &sizes, count_noise).unwrap_or(by_rank);
             }
         }
         // The spread around the prior beyond a count's variance is what the counts tell that

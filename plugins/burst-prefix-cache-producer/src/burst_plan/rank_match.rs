@@ -32,8 +32,8 @@ const TOLERANCE: f64 = 1e-2;
 /// number of ranks; as many ranks as groups). A count varies around its expected value by
 /// `noise` times that value. `None` when the problem is too large to weigh.
 pub(super) fn expected_sizes(
-    counts: &[(usize, f64)],
-    sizes: &[(f64, f64)],
+    counts: &[(usize, usize)],
+    sizes: &[(f64, usize)],
     noise: f64,
 ) -> Option<Vec<(usize, f64)>> {
     let (rows, cols) = (counts.len(), sizes.len());
@@ -53,16 +53,18 @@ pub(super) fn expected_sizes(
     // and always the sizes of its own ranks, so that matching rank by rank stays possible.
     let mut bands: Vec<(usize, usize, usize)> = Vec::with_capacity(rows);
     let mut weight: Vec<f64> = Vec::new();
-    let (mut rank, mut col, mut col_end) = (0.0, 0usize, sizes[0].1);
+    // The ranks before the count's, the size holding its first rank, and the ranks up to that
+    // size's last.
+    let (mut rank, mut col, mut col_end) = (0, 0, sizes[0].1);
     for &(count, groups) in counts {
         let own_first = col;
-        while col_end < rank + groups - 0.5 {
+        while col_end < rank + groups {
             col += 1;
             col_end += sizes[col].1;
         }
         let own_last = col;
         rank += groups;
-        if col_end < rank + 0.5 && col + 1 < cols {
+        if col_end == rank && col + 1 < cols {
             col += 1;
             col_end += sizes[col].1;
         }
@@ -101,7 +103,7 @@ pub(super) fn expected_sizes(
             }
         }
         for ((scale, &(_, ranks)), &h) in by_size.iter_mut().zip(sizes).zip(&held) {
-            *scale = ranks / h;
+            *scale = ranks as f64 / h;
         }
         let mut worst = 0.0_f64;
         for ((&(first, last, at), scale), &(_, groups)) in
@@ -113,6 +115,7 @@ pub(super) fn expected_sizes(
                 .map(|(w, s)| w * s)
                 .sum::<f64>()
                 * *scale;
+            let groups = groups as f64;
             worst = worst.max((total / groups - 1.0).abs());
             *scale *= groups / total;
         }
@@ -145,8 +148,8 @@ mod tests {
     #[test]
     fn counts_far_apart_keep_their_ranks_sizes() {
         let sizes = expected_sizes(
-            &[(40, 1.0), (20, 1.0), (5, 1.0)],
-            &[(40.0, 1.0), (20.0, 1.0), (5.0, 1.0)],
+            &[(40, 1), (20, 1), (5, 1)],
+            &[(40.0, 1), (20.0, 1), (5.0, 1)],
             0.5,
         )
         .expect("small");
@@ -158,8 +161,8 @@ mod tests {
     #[test]
     fn close_counts_share_the_sizes_they_could_each_have() {
         // Two groups of 96 and 80 a quarter of the way in: 24 and 20 expected, 22 and 21 seen.
-        let sizes = expected_sizes(&[(22, 1.0), (21, 1.0)], &[(24.0, 1.0), (20.0, 1.0)], 0.75)
-            .expect("small");
+        let sizes =
+            expected_sizes(&[(22, 1), (21, 1)], &[(24.0, 1), (20.0, 1)], 0.75).expect("small");
         let (larger, smaller) = (sizes[0].1, sizes[1].1);
         assert!(larger > smaller, "{sizes:?}");
         assert!(larger < 23.0 && smaller > 21.0, "{sizes:?}");
@@ -169,18 +172,22 @@ mod tests {
 
     #[test]
     fn groups_with_equal_counts_get_equal_sizes_and_every_rank_is_held() {
-        let counts = [(9, 1.0), (6, 2.0), (2, 1.0)];
-        let sizes = [(10.0, 1.0), (6.0, 1.0), (5.0, 1.0), (2.0, 1.0)];
+        let counts = [(9, 1), (6, 2), (2, 1)];
+        let sizes = [(10.0, 1), (6.0, 1), (5.0, 1), (2.0, 1)];
         let got = expected_sizes(&counts, &sizes, 0.6).expect("small");
-        let held: f64 = got.iter().zip(&counts).map(|((_, s), (_, n))| s * n).sum();
+        let held: f64 = got
+            .iter()
+            .zip(&counts)
+            .map(|((_, s), &(_, n))| s * n as f64)
+            .sum();
         assert!((held - 23.0).abs() < 0.25, "{got:?}");
         assert!(got[0].1 > got[1].1 && got[1].1 > got[2].1, "{got:?}");
     }
 
     #[test]
     fn a_problem_too_large_to_weigh_is_left_to_the_ranks() {
-        let counts: Vec<(usize, f64)> = (1..=100).rev().map(|c| (c, 1.0)).collect();
-        let sizes: Vec<(f64, f64)> = (1..=100).rev().map(|s| (s as f64, 1.0)).collect();
+        let counts: Vec<(usize, usize)> = (1..=100).rev().map(|c| (c, 1)).collect();
+        let sizes: Vec<(f64, usize)> = (1..=100).rev().map(|s| (s as f64, 1)).collect();
         assert!(expected_sizes(&counts, &sizes, 0.5).is_none());
         assert!(expected_sizes(&[], &sizes, 0.5).is_none());
     }
