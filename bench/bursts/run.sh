@@ -4,6 +4,8 @@
 # processes, on seven burst shapes (client.py). For each target in turn: start fresh mock
 # replicas (empty caches, zero counters), start the router, warm its connections, run every
 # shape (STEPS steps each, fresh random prompts every step), stop the router and the replicas.
+# Both targets of a round get the same workload (one seed per round), so a row pair differs by
+# the router alone.
 # Prints a markdown table and writes the raw results as JSON (OUT_JSON).
 #
 # Needs: python3 with venv, curl, a release build of switchyard (built here when missing).
@@ -28,6 +30,8 @@
 #   OUT_JSON (target/bench-bursts/results-<UTC time>.json)   raw results and per-row
 #                        summaries; the printed table is written beside it (.md)
 #   KEEP_WORK=1          keep the logs and per-target JSON
+#   SEED                 the first round's workload seed (round k uses SEED + k - 1); default:
+#                        drawn afresh for every round
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -174,6 +178,12 @@ echo
 files=()
 targets=($TARGETS)
 for round in $(seq 1 "$ROUNDS"); do
+    # One seed per round, shared by its targets: the same prompts, lengths and send times.
+    if [ -n "${SEED:-}" ]; then
+        seed=$((SEED + round - 1))
+    else
+        seed=$(od -An -N6 -tu8 /dev/urandom | tr -d ' ')
+    fi
     order=("${targets[@]}")
     if [ $((round % 2)) = 0 ]; then   # alternate the order: even rounds run it reversed
         order=()
@@ -184,7 +194,7 @@ for round in $(seq 1 "$ROUNDS"); do
         start_replicas
         start_router "$target"
         out="$work/$target-$round.json"
-        "$CLIENT_VENV/bin/python" "$here/client.py" run --target "$target" --round "$round" \
+        "$CLIENT_VENV/bin/python" "$here/client.py" run --target "$target" --round "$round" --seed "$seed" \
             --url "$router_url" --replica-metrics "$replica_csv" --admin "$router_admin" \
             --shapes "$SHAPES" --steps "$STEPS" --max-tokens "$MAX_TOKENS" --client "$CLIENT" --out "$out"
         files+=("$out")
