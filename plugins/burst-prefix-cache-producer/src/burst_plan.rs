@@ -574,7 +574,7 @@ impl BurstPlan {
         // The previous burst's last window, should this one start the next: a window of lone
         // first members placed since belongs to the next burst.
         let last_burst_ms = self.last_burst_ms;
-        if self.resumes_anew(now_ms, groups) {
+        if self.resumes_anew(now_ms, groups, replicas.len()) {
             self.resumed_from = window_from;
         }
         // No group of two or more still arriving: a group this window completes starts a
@@ -956,23 +956,27 @@ impl BurstPlan {
     /// Whether the window being placed at `now_ms` resumes the stream anew: it comes after a
     /// pause of at least a quarter of a batch window (and, once the burst has [`STEP_GROUPS`]
     /// groups of two or more, longer than it had lasted), brings no member of a group of two
-    /// or more still active, and brings [`STEP_GROUPS`] new groups of two or more. The stream
-    /// paused and came back with the next burst (a step after a large prompt alone, say): the
-    /// groups it left have stopped, though a batch window has not yet passed since their last
-    /// member, and are no part of the new burst. In a burst of a step's groups, a pause
+    /// or more still active, and brings [`STEP_GROUPS`] new groups of two or more — or one,
+    /// when the groups left are fewer than a step's and each has brought four requests per
+    /// replica (a large prompt alone, sent many times: the next step may come prompt by
+    /// prompt, one new group at a time). The stream paused and came back with the next burst:
+    /// the groups it left have stopped, though a batch window has not yet passed since their
+    /// last member, and are no part of the new burst. In a burst of a step's groups, a pause
     /// shorter than the burst so far is a client's stall within it (prompts sent one after
     /// the other, whose earlier groups are complete, resume with new ones too).
-    fn resumes_anew(&self, now_ms: u64, groups: &[WindowGroup<'_>]) -> bool {
+    fn resumes_anew(&self, now_ms: u64, groups: &[WindowGroup<'_>], replicas: usize) -> bool {
         let paused_ms = now_ms.saturating_sub(self.latest.at_ms);
         if paused_ms < self.window_ms / 4 {
             return false;
         }
         let lasted_ms = self.latest.at_ms.saturating_sub(self.burst_from_ms);
-        if paused_ms < lasted_ms {
-            let burst_groups = self.active().filter(|t| t.seen > 1).take(STEP_GROUPS);
-            if burst_groups.count() == STEP_GROUPS {
-                return false;
-            }
+        let (mut burst_groups, mut least_seen) = (0, usize::MAX);
+        for trail in self.active().filter(|t| t.seen > 1).take(STEP_GROUPS) {
+            burst_groups += 1;
+            least_seen = least_seen.min(trail.seen);
+        }
+        if paused_ms < lasted_ms && burst_groups == STEP_GROUPS {
+            return false;
         }
         let mut new_groups = 0;
         for group in groups.iter().filter(|g| !g.positions.is_empty()) {
@@ -982,7 +986,8 @@ impl BurstPlan {
                 None => new_groups += usize::from(group.positions.len() > 1),
             }
         }
-        new_groups >= STEP_GROUPS
+        let few_large = burst_groups < STEP_GROUPS && least_seen >= 4 * replicas;
+        new_groups >= if few_large { 1 } else { STEP_GROUPS }
     }
 
     /// Whether the burst's groups look all known: twice as many members as there are

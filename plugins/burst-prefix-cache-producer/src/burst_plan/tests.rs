@@ -1815,6 +1815,47 @@ fn prompts_sent_in_turn_soon_after_a_prompt_alone_go_round_the_replicas() {
 }
 
 #[test]
+fn the_step_after_prompts_sent_in_turn_soon_after_a_prompt_alone_goes_by_their_sizes() {
+    // The warm-up of `slow_warm_up`, shape 8's first step 33 ms later as it reached the router
+    // live, then 1.6 s later its second step (32 × 16 prompt by prompt over 250 ms). The first
+    // step brought one new prompt at a time, never four in a window: taken for the warm-up's
+    // burst going on, its sizes went into the prior of the second step next to the warm-up's
+    // 512, the second step's first prompt was taken for that 512, and live its next three
+    // prompts went to the replica the first one was on (p99 822 ms, the step before 699).
+    let ids = eight_replicas();
+    let mut plan = BurstPlan::new(2000, 100);
+    let mut running = slow_warm_up(&mut plan, 1313);
+    for (now, window) in live_step_after_a_prompt_alone("143704") {
+        for r in place_window(&mut plan, now, &window, key, &ids, &running) {
+            running[r] += 1;
+        }
+    }
+    let next_key = |g: usize| GroupKey {
+        blocks: 4,
+        digest: g as u64 + 2000,
+    };
+    let mut first_homes = Vec::new();
+    let mut seen = BTreeSet::new();
+    let mut load = vec![0; 8];
+    for (now, window) in step_in_turn(7, 0) {
+        for (&g, r) in window
+            .iter()
+            .zip(place_window(&mut plan, now, &window, next_key, &ids, &load))
+        {
+            load[r] += 1;
+            if seen.insert(g) {
+                first_homes.push(r);
+            }
+        }
+    }
+    let sizes = &plan.describe()["previousBurstSizes"];
+    assert_eq!(*sizes, serde_json::json!(vec![16; 32]), "{sizes}");
+    assert_eq!(load, vec![64; 8]);
+    let first_eight: BTreeSet<usize> = first_homes[..8].iter().copied().collect();
+    assert_eq!(first_eight.len(), 8, "{first_homes:?}");
+}
+
+#[test]
 fn a_step_soon_after_a_prompt_alone_that_took_long_is_a_burst_of_its_own_too() {
     // The warm-up's first request alone, one second before its other 511, which reach the
     // router in three windows while one replica runs a request of other traffic; 55 ms later
