@@ -681,9 +681,27 @@ impl BurstPlan {
             }
         }
         self.opened_at = opened_at;
+        // A replica prefills every prompt of the burst sent to it, also of the groups that
+        // have stopped arriving since (a step sent prompt by prompt outlasts a batch window).
+        let mut tallied = active;
+        for trail in self.trails.values() {
+            if trail.first_arrival < self.burst_from || self.is_active(trail) {
+                continue;
+            }
+            tallied += 1;
+            blocks += trail.blocks;
+            shortest = shortest.min(trail.blocks);
+            longest = longest.max(trail.blocks);
+            for share in &trail.shares {
+                if let Some(r) = fleet.position(share) {
+                    prefill[r].0 += trail.blocks;
+                    prefill[r].1 += 1;
+                }
+            }
+        }
         // The estimated load of a group, on average, and its prompt's length.
         let mean_group = total / f64::from(active.max(1));
-        let mean_blocks = blocks as f64 / f64::from(active.max(1));
+        let mean_blocks = blocks as f64 / f64::from(tallied.max(1));
         // Load the replicas carry that the remembered groups do not explain (other traffic,
         // groups already forgotten), in the plan's units.
         let per_member = if members_seen > 0 {
