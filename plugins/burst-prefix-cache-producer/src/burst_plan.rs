@@ -983,17 +983,20 @@ impl BurstPlan {
     /// shorter than the burst so far is a client's stall within it (prompts sent one after
     /// the other, whose earlier groups are complete, resume with new ones too).
     fn resumes_anew(&self, now_ms: u64, groups: &[WindowGroup<'_>], replicas: usize) -> bool {
-        let paused_ms = now_ms.saturating_sub(self.latest.at_ms);
+        let (mut burst_groups, mut least_seen, mut last_grown_ms) = (0, usize::MAX, None);
+        for trail in self.active().filter(|t| t.seen > 1) {
+            burst_groups += 1;
+            least_seen = least_seen.min(trail.seen);
+            last_grown_ms = last_grown_ms.max(Some(trail.last_ms));
+        }
+        // From the last member of a group of two or more: the new burst's first request may
+        // have come alone, in a window of its own.
+        let paused_ms = now_ms.saturating_sub(last_grown_ms.unwrap_or(self.latest.at_ms));
         if paused_ms < self.window_ms / 4 {
             return false;
         }
         let lasted_ms = self.latest.at_ms.saturating_sub(self.burst_from_ms);
-        let (mut burst_groups, mut least_seen) = (0, usize::MAX);
-        for trail in self.active().filter(|t| t.seen > 1).take(STEP_GROUPS) {
-            burst_groups += 1;
-            least_seen = least_seen.min(trail.seen);
-        }
-        if paused_ms < lasted_ms && burst_groups == STEP_GROUPS {
+        if paused_ms < lasted_ms && burst_groups >= STEP_GROUPS {
             return false;
         }
         let mut new_groups = 0;
@@ -1004,7 +1007,7 @@ impl BurstPlan {
                 None => new_groups += usize::from(group.positions.len() > 1),
             }
         }
-        let few_large = burst_groups < STEP_GROUPS && least_seen >= 4 * replicas;
+        let few_large = (1..STEP_GROUPS).contains(&burst_groups) && least_seen >= 4 * replicas;
         new_groups >= if few_large { 1 } else { STEP_GROUPS }
     }
 

@@ -1734,7 +1734,8 @@ fn a_bursts_length_ends_with_its_last_window_not_the_next_steps_lone_first_reque
 /// First steps of `bench/bursts` as they reached the router live soon after the bench's
 /// warm-up (one prompt's 512 requests), in the format of [`LIVE_STEPS`]: shape 1 (32 x 16 sent
 /// at once) 35 ms after a warm-up of 6 ms, then 55 ms after one of a second; shape 8 (32 x 16
-/// sent prompt by prompt) 33 ms after one of a second.
+/// sent prompt by prompt) 33 ms after one of a second; shape 1 again, its first request alone
+/// in a window (times shifted to follow a warm-up of 6 ms by 35 ms).
 const LIVE_STEP_AFTER_A_PROMPT_ALONE: &str = include_str!("live_step_after_a_prompt_alone.txt");
 
 /// The recorded step of [`LIVE_STEP_AFTER_A_PROMPT_ALONE`] whose header names `run`.
@@ -1762,6 +1763,26 @@ fn a_step_soon_after_a_large_prompt_alone_is_a_burst_of_its_own() {
         .zip(alone.iter().map(Vec::as_slice));
     let _ = placed_timed_windows(&mut plan, 77, windows);
     let step = live_step_after_a_prompt_alone("092951");
+    let timed = step.iter().map(|(at, groups)| (*at, groups.as_slice()));
+    let (load, placed) = placed_timed_windows(&mut plan, step[0].0, timed);
+    assert_eq!(load, vec![64; 8]);
+    assert_eq!(placed.len(), 32);
+}
+
+#[test]
+fn a_step_whose_first_request_comes_alone_soon_after_a_large_prompt_alone_is_a_burst_of_its_own() {
+    // As above, but the step's first request reached the router alone, in a window of its own
+    // 4 ms before the rest: the stream's pause was measured from that window, too short, and
+    // the step counted into the warm-up's burst, with the warm-up's prompt still arriving (live
+    // 48 to 80 requests per replica). The pause is measured from the last request of a group of
+    // two or more.
+    let alone: Vec<Vec<usize>> = [150, 200, 162].iter().map(|&n| vec![999; n]).collect();
+    let mut plan = BurstPlan::new(2000, 100);
+    let windows = [1389, 1392, 1395]
+        .into_iter()
+        .zip(alone.iter().map(Vec::as_slice));
+    let _ = placed_timed_windows(&mut plan, 77, windows);
+    let step = live_step_after_a_prompt_alone("180351");
     let timed = step.iter().map(|(at, groups)| (*at, groups.as_slice()));
     let (load, placed) = placed_timed_windows(&mut plan, step[0].0, timed);
     assert_eq!(load, vec![64; 8]);
