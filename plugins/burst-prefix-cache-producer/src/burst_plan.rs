@@ -53,7 +53,8 @@
 //!    floor, as far under the level as the ceiling is over it) can be reached that way does
 //!    its largest group get a new home, on the least planned replica out of reach. A replica
 //!    below the floor while none is above the ceiling pulls from the most planned one along
-//!    shared groups. Until the burst has brought [`LATE_IN_BURST`] of the previous one's
+//!    shared groups; once the burst has brought as many requests as the previous one, a
+//!    replica out of reach and out of the balance bound gets a new home from it. Until the burst has brought [`LATE_IN_BURST`] of the previous one's
 //!    requests (or lasted as long), a replica may run further over before it gets a new home
 //!    (and the new home as far), from [`URGENT_EXCESS`] at the start down to the ceiling: a
 //!    new home opened on early, noisy counts is often one the final sizes would not have
@@ -1123,7 +1124,9 @@ impl BurstPlan {
     /// below the level can be reached that way (or one below the floor cannot), the largest
     /// group on `over` gets a new home on the least planned replica out of reach. A replica
     /// below the floor while none is above the ceiling pulls from the most planned one, along
-    /// shared groups only. A replica over the ceiling with nothing to move (loaded by other
+    /// shared groups only — unless the burst has brought as many requests as the previous one
+    /// and a replica out of reach is out of the balance bound: then the most planned one
+    /// gives it a new home. A replica over the ceiling with nothing to move (loaded by other
     /// traffic) is passed over.
     fn rebalance(&mut self, fleet: &mut Fleet<'_>, estimate: &Estimates, new_homes: NewHomes) {
         let floor = fleet.floor();
@@ -1185,6 +1188,15 @@ impl BurstPlan {
             // that gets an over replica one: each is a prefill.
             let rescued_below = floor.min(fleet.level * (1.0 - new_homes.from));
             let stranded = (0..n).any(|r| !reached(r) && fleet.planned[r] < rescued_below);
+            // Once the burst has brought as many requests as the last one, a replica out of
+            // reach and out of the balance bound (further below the level than its allowance,
+            // or two members) will end there: with no replica over the ceiling to give it a
+            // new home, the most planned one does, and the replicas it then leaves short pull
+            // along the groups they share with it.
+            let out_of_bound = fleet.level - (ALLOWANCE * fleet.level).max(2.0 * fleet.per_member);
+            let rescue = pulled
+                && self.share_of_previous() >= 1.0
+                && (0..n).any(|r| !reached(r) && fleet.planned[r] < out_of_bound);
             match below {
                 Some(target) if !stranded || fleet.planned[target] < floor => {
                     let amount = excess
@@ -1195,7 +1207,7 @@ impl BurstPlan {
                     fleet.planned[target] += amount;
                     continue;
                 }
-                _ if pulled => {
+                _ if pulled && !rescue => {
                     passed[over] = true;
                     continue;
                 }
@@ -1243,7 +1255,12 @@ impl BurstPlan {
                 }
                 _ => held,
             };
-            if excess <= (held * fleet.level).max(new_homes.lumps) {
+            let needed = if rescue {
+                outside.map_or(0.0, |target| fleet.level - fleet.planned[target])
+            } else {
+                excess
+            };
+            if needed <= (held * fleet.level).max(new_homes.lumps) {
                 passed[over] = true;
                 continue;
             }
@@ -1253,7 +1270,7 @@ impl BurstPlan {
             };
             // While new homes wait, the new one may run as far over the level as `over` may.
             let room = fleet.level + waiting.unwrap_or(0.0) * fleet.level - fleet.planned[target];
-            let amount = load.min(excess).min(room);
+            let amount = load.min(needed).min(room);
             // A new home gets only members still to come. Half a member or less would only
             // scatter single requests (and a group of two stays whole where it would even out
             // one request).

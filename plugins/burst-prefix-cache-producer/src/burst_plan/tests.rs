@@ -1137,12 +1137,14 @@ fn unequal_groups_like_the_previous_steps_are_sized_from_it() {
     // when it closes a cycle, 8. A replica under the level gets a new home only for as large
     // a shortfall as an over replica needs for one: rescued from any shortfall below the
     // floor, 16.4 placements and 6 over. Close counts sharing the sizes they could have
-    // (`rank_match`) leaves 3 over, as before, and 3 out of balance where none were.
+    // (`rank_match`) leaves 3 over, as before, and 3 out of balance where none were; a
+    // replica left out of the bound and out of reach once the step has brought as many
+    // requests as the last getting a new home, 1.
     let steps =
         second_step_over_live_cuts(FirstStep::Cut(&SHAPE_5), &SHAPE_5, 6, 40, STEP_SPREAD_MS);
     assert!(steps.placements <= 16.2, "{} placements", steps.placements);
     steps.assert_over_bound_at_most(3);
-    steps.assert_out_of_balance_at_most(3);
+    steps.assert_out_of_balance_at_most(1);
 }
 
 #[test]
@@ -1154,11 +1156,12 @@ fn a_step_after_one_sent_at_once_is_measured_by_its_requests() {
     // cycle of groups and replicas opened past the allowance, not only to keep the balance
     // bound; 8 with only those waiting, not the homes past P + R − 1; 6 with a replica under
     // the level rescued from any shortfall below the floor). Close counts sharing the sizes
-    // they could have leaves 3 over, as before, and 3 out of balance where none were.
+    // they could have leaves 3 over, as before, and 3 out of balance where none were (1 with
+    // the new home of a replica left out of the bound at the end).
     let steps =
         second_step_over_live_cuts(FirstStep::AtOnce(&SHAPE_5), &SHAPE_5, 6, 40, STEP_SPREAD_MS);
     steps.assert_over_bound_at_most(3);
-    steps.assert_out_of_balance_at_most(3);
+    steps.assert_out_of_balance_at_most(1);
 }
 
 #[test]
@@ -1172,11 +1175,12 @@ fn the_first_unequal_step_waits_for_its_counts_too() {
     // those back but not the homes past P + R − 1, 28; rescuing a replica under the level
     // from any shortfall below the floor, 21; 12 before new homes came in rounds, 13 since.
     // Since a group larger than a share splits when first placed in a window that brings the
-    // step at once, 12, and 4 out of balance (3 before).
+    // step at once, 12, and 4 out of balance (3 before; none since a replica left out of the
+    // bound at the end gets a new home).
     let steps =
         second_step_over_live_cuts(FirstStep::Cut(&[128; 4]), &SHAPE_5, 6, 40, STEP_SPREAD_MS);
     steps.assert_over_bound_at_most(12);
-    steps.assert_out_of_balance_at_most(4);
+    steps.assert_out_of_balance_at_most(0);
 }
 
 #[test]
@@ -2040,4 +2044,45 @@ fn the_live_steps_replayed_with_their_prompt_lengths_stay_within_the_bounds() {
     // rank by rank: 12 and 2; sharing: 3 and 1.
     assert!(over <= 4, "{over} of {steps} steps over P + R − 1");
     assert!(outside <= 1, "{outside} of {steps} steps out of balance");
+}
+
+/// Shape 4's two steps and shape 5's two steps of one round of `bench/bursts` as they reached
+/// the router live, in the format of [`LIVE_STEPS`] with each step's prompt lengths (in blocks,
+/// by group) after `L` in its header.
+const LIVE_SHAPES_4_AND_5: &str = include_str!("live_shapes_4_and_5.txt");
+
+#[test]
+fn a_replica_left_out_of_the_balance_bound_at_the_end_of_a_measured_step_gets_a_new_home() {
+    // Shape 5's second step reached the router in three windows, the last with 391 of its
+    // 512 requests and every count final. One replica was planned its two groups whole, 40
+    // and 16, eight short of its share and shared with no other; the most planned replicas
+    // were 3 over, under the ceiling, and a replica short with none over the ceiling only
+    // pulled along shared groups: 56 to 67 requests per replica, live and replayed. Once a
+    // step has brought as many requests as the last, a replica out of the bound and out of
+    // reach gets a new home from the most planned one.
+    let mut plan = BurstPlan::new(2000, 100);
+    let steps = steps_of(LIVE_SHAPES_4_AND_5);
+    let mut results = Vec::new();
+    for (k, (header, windows)) in steps.iter().enumerate() {
+        let lengths: Vec<usize> = header
+            .split(" L ")
+            .nth(1)
+            .expect("prompt lengths")
+            .split(' ')
+            .map(|n| n.parse().expect("a number"))
+            .collect();
+        let (load, placed) = placed_timed_windows_of_lengths(
+            &mut plan,
+            k as u64 + 1,
+            windows.iter().map(|(at, groups)| (*at, groups.as_slice())),
+            |g| lengths[g],
+            |_| {},
+        );
+        results.push((load, placed.len()));
+    }
+    let (load, placements) = &results[3];
+    assert!(
+        load.iter().all(|&n| n.abs_diff(64) <= 6) && *placements <= 19,
+        "{results:?}"
+    );
 }
