@@ -1751,6 +1751,20 @@ fn live_step_after_a_prompt_alone(run: &str) -> Vec<LiveWindow> {
         .expect("a recorded step")
 }
 
+/// One prompt's 512 requests in three windows over 6 ms (the bench's warm-up), then the
+/// recorded step of `run`: the step's requests per replica and its placements.
+fn step_after_a_quick_warm_up(run: &str) -> (Vec<usize>, usize) {
+    let alone: Vec<Vec<usize>> = [150, 200, 162].iter().map(|&n| vec![999; n]).collect();
+    let mut plan = BurstPlan::new(2000, 100);
+    let windows = [1389, 1392, 1395]
+        .into_iter()
+        .zip(alone.iter().map(Vec::as_slice));
+    let _ = placed_timed_windows(&mut plan, 77, windows);
+    let step = live_step_after_a_prompt_alone(run);
+    let timed = step.iter().map(|(at, groups)| (*at, groups.as_slice()));
+    place_timed_windows(&mut plan, step[0].0, timed)
+}
+
 #[test]
 fn a_step_soon_after_a_large_prompt_alone_is_a_burst_of_its_own() {
     // One prompt's 512 requests in three windows over 6 ms (the bench's warm-up, opening its
@@ -1760,17 +1774,9 @@ fn a_step_soon_after_a_large_prompt_alone_is_a_burst_of_its_own() {
     // the step ended at 48 to 112 requests per replica, live and replayed. The stream paused
     // longer than the prompt had lasted and came back with new groups only: the step is a
     // burst of its own.
-    let alone: Vec<Vec<usize>> = [150, 200, 162].iter().map(|&n| vec![999; n]).collect();
-    let mut plan = BurstPlan::new(2000, 100);
-    let windows = [1389, 1392, 1395]
-        .into_iter()
-        .zip(alone.iter().map(Vec::as_slice));
-    let _ = placed_timed_windows(&mut plan, 77, windows);
-    let step = live_step_after_a_prompt_alone("092951");
-    let timed = step.iter().map(|(at, groups)| (*at, groups.as_slice()));
-    let (load, placed) = placed_timed_windows(&mut plan, step[0].0, timed);
+    let (load, placements) = step_after_a_quick_warm_up("092951");
     assert_eq!(load, vec![64; 8]);
-    assert_eq!(placed.len(), 32);
+    assert_eq!(placements, 32);
 }
 
 #[test]
@@ -1780,17 +1786,9 @@ fn a_step_whose_first_request_comes_alone_soon_after_a_large_prompt_alone_is_a_b
     // the step counted into the warm-up's burst, with the warm-up's prompt still arriving (live
     // 48 to 80 requests per replica). The pause is measured from the last request of a group of
     // two or more.
-    let alone: Vec<Vec<usize>> = [150, 200, 162].iter().map(|&n| vec![999; n]).collect();
-    let mut plan = BurstPlan::new(2000, 100);
-    let windows = [1389, 1392, 1395]
-        .into_iter()
-        .zip(alone.iter().map(Vec::as_slice));
-    let _ = placed_timed_windows(&mut plan, 77, windows);
-    let step = live_step_after_a_prompt_alone("180351");
-    let timed = step.iter().map(|(at, groups)| (*at, groups.as_slice()));
-    let (load, placed) = placed_timed_windows(&mut plan, step[0].0, timed);
+    let (load, placements) = step_after_a_quick_warm_up("180351");
     assert_eq!(load, vec![64; 8]);
-    assert_eq!(placed.len(), 32);
+    assert_eq!(placements, 32);
 }
 
 /// The bench's warm-up as it reached one router live: one prompt's (2,048 tokens) first
