@@ -54,11 +54,12 @@
 //!    its largest group get a new home, on the least planned replica out of reach. A replica
 //!    below the floor while none is above the ceiling pulls from the most planned one along
 //!    shared groups; once the burst has brought as many requests as the previous one, a
-//!    replica out of reach and out of the balance bound gets a new home from it. Until the burst has brought [`LATE_IN_BURST`] of the previous one's
-//!    requests (or lasted as long), a replica may run further over before it gets a new home
-//!    (and the new home as far), from [`URGENT_EXCESS`] at the start down to the ceiling: a
-//!    new home opened on early, noisy counts is often one the final sizes would not have
-//!    needed, and each costs a prefill. Meanwhile an excess of up to one mean group, fading
+//!    replica out of reach and out of the balance bound gets a new home from it. Until the
+//!    burst has brought [`LATE_IN_BURST`] of the previous one's requests (or lasted as long),
+//!    a replica may run further over before it gets a new home (and the new home as far),
+//!    from [`URGENT_EXCESS`] at the start down to the ceiling: a new home opened on early,
+//!    noisy counts is often one the final sizes would not have needed, and each costs a
+//!    prefill. Meanwhile an excess of up to one mean group, fading
 //!    with the square of what is left of the wait, gets no new home either: while replicas
 //!    hold one or two groups each, which replica is over says where groups landed, not how
 //!    large they are. As the burst nears the previous one's requests, the
@@ -662,44 +663,42 @@ impl BurstPlan {
         prefill.resize(replicas.len(), (0, 0));
         let (mut total, mut active, mut members_seen, mut weight_seen) = (0.0, 0u32, 0usize, 0.0);
         let (mut blocks, mut shortest, mut longest) = (0usize, usize::MAX, 0usize);
-        for trail in self.active() {
-            let load = estimate.size(trail) * trail.weight;
-            total += load;
-            active += 1;
-            members_seen += trail.seen;
-            weight_seen += trail.seen as f64 * trail.weight;
-            blocks += trail.blocks;
-            shortest = shortest.min(trail.blocks);
-            longest = longest.max(trail.blocks);
-            for share in &trail.shares {
-                if let Some(r) = fleet.position(share) {
-                    fleet.planned[r] += share.part * load;
-                    prefill[r].0 += trail.blocks;
-                    prefill[r].1 += 1;
-                    sent[r] += share.sent;
-                    opened_at[r] = opened_at[r].max(trail.first_arrival + 1);
-                }
-            }
-        }
-        self.opened_at = opened_at;
-        // A replica prefills every prompt of the burst sent to it, also of the groups that
-        // have stopped arriving since (a step sent prompt by prompt outlasts a batch window).
-        let mut tallied = active;
+        // Groups whose prompts count in each replica's prefill: the active ones, and those of
+        // the burst that have stopped arriving since (a step sent prompt by prompt outlasts a
+        // batch window; a replica prefills every prompt of the burst sent to it).
+        let mut tallied = 0u32;
         for trail in self.trails.values() {
-            if trail.first_arrival < self.burst_from || self.is_active(trail) {
+            let is_active = self.is_active(trail);
+            if !is_active && trail.first_arrival < self.burst_from {
                 continue;
             }
             tallied += 1;
             blocks += trail.blocks;
             shortest = shortest.min(trail.blocks);
             longest = longest.max(trail.blocks);
+            let load = if is_active {
+                active += 1;
+                members_seen += trail.seen;
+                weight_seen += trail.seen as f64 * trail.weight;
+                let load = estimate.size(trail) * trail.weight;
+                total += load;
+                Some(load)
+            } else {
+                None
+            };
             for share in &trail.shares {
                 if let Some(r) = fleet.position(share) {
                     prefill[r].0 += trail.blocks;
                     prefill[r].1 += 1;
+                    if let Some(load) = load {
+                        fleet.planned[r] += share.part * load;
+                        sent[r] += share.sent;
+                        opened_at[r] = opened_at[r].max(trail.first_arrival + 1);
+                    }
                 }
             }
         }
+        self.opened_at = opened_at;
         // The estimated load of a group, on average, and its prompt's length.
         let mean_group = total / f64::from(active.max(1));
         let mean_blocks = blocks as f64 / f64::from(tallied.max(1));
@@ -1155,6 +1154,8 @@ impl BurstPlan {
         let mut passed = vec![false; n];
         // Whether this window opened a round of new homes (see [`BurstPlan::open_home_round`]).
         let mut round_open = false;
+        // Whether the burst has brought as many requests as the previous one.
+        let brought_all = self.share_of_previous() >= 1.0;
         // Each move brings a replica down to the level, another up to it, or a group's part
         // (or what it can carry) on a replica to zero, so the moves are bounded by replicas
         // plus groups; the cap guards.
@@ -1195,7 +1196,7 @@ impl BurstPlan {
             // along the groups they share with it.
             let out_of_bound = fleet.level - (ALLOWANCE * fleet.level).max(2.0 * fleet.per_member);
             let rescue = pulled
-                && self.share_of_previous() >= 1.0
+                && brought_all
                 && (0..n).any(|r| !reached(r) && fleet.planned[r] < out_of_bound);
             match below {
                 Some(target) if !stranded || fleet.planned[target] < floor => {
