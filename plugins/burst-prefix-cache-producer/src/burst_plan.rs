@@ -72,7 +72,8 @@
 //!    more, closes a cycle, and spends a placement a later home joining two separate trees
 //!    would need. Such a home, and any home once the active groups have P + R − 1
 //!    placements, waits until a replica would otherwise end outside the balance bound (over
-//!    the level, or the replica meant to relieve it under, by [`PAST_BOUND_EXCESS`]).
+//!    the level, or the replica meant to relieve it under, by [`PAST_BOUND_EXCESS`], and by
+//!    what the counts may still be off on top of it: [`PAST_BOUND_NOISE`]).
 //!    While new groups keep appearing at their usual spacing (prompts sent one after the
 //!    other), a replica may run up to one group ahead of the level: the next group goes where
 //!    the earlier ones left room.
@@ -352,7 +353,10 @@ impl NewHomes {
     /// its settled value, as the counts near the groups' sizes, except the one past the
     /// bounds, which is the balance bound's whenever the burst is measured.
     /// `mean_group` is the estimated load of a group, on average.
-    fn at(waiting: Option<f64>, settled: f64, measured: bool, mean_group: f64) -> Self {
+    /// `noise` is how far a replica's planned load may still be off, as a share of the level
+    /// ([`BurstPlan::count_noise`]); homes past the bounds wait [`PAST_BOUND_NOISE`] of it more,
+    /// up to [`URGENT_EXCESS`] in all.
+    fn at(waiting: Option<f64>, settled: f64, measured: bool, mean_group: f64, noise: f64) -> Self {
         let grown = |to: f64| ALLOWANCE / 2.0 + (to - ALLOWANCE / 2.0) * settled;
         // What is left of the wait, 1 at its start and 0 at its end.
         let left = waiting.map_or(0.0, |w| {
@@ -363,6 +367,7 @@ impl NewHomes {
             from: waiting.unwrap_or(0.0).max(grown(SETTLED_EXCESS)),
             past_bound: if measured {
                 PAST_BOUND_EXCESS
+                    + (PAST_BOUND_NOISE * noise).min(URGENT_EXCESS - PAST_BOUND_EXCESS)
             } else {
                 grown(PAST_BOUND_EXCESS)
             },
@@ -397,8 +402,11 @@ const LATE_IN_BURST: f64 = 0.7;
 const URGENT_EXCESS: f64 = 0.3;
 
 /// The share of the previous burst's requests a burst's first window must bring for its
-/// corrections not to wait.
-const AT_ONCE: f64 = 0.4;
+/// corrections not to wait. A client that pauses once while sending a step has the router cut
+/// it in two: live first windows brought 40% to 55% of a step so sent, and 80% or more of a step
+/// sent at once. Balanced at once on the counts of half a step, the groups spend the
+/// placements the second half needs.
+const AT_ONCE: f64 = 0.6;
 
 /// How far over the level, as a share of it, a replica may end before it gets a new home,
 /// once the burst has brought as many requests as the previous one: its counts are then
@@ -414,11 +422,17 @@ const SETTLED_EXCESS: f64 = 0.08;
 /// linked by placements keep those within P + R − 1 as long as they form a forest; a cycle
 /// spends a placement that only a tree joining the rest may need, and a placement past the
 /// bound is worth it only to keep a replica within the balance bound. This holds from the
-/// burst's first window: an excess estimated on early counts is no surer to end outside the
-/// bound than a late one, and a placement spent on it is one a later home joining two
-/// separate trees lacks. Only a burst with no previous one to go by (its counts never settle)
-/// keeps the ceiling's.
+/// burst's first window: a placement spent early is one a later home joining two separate
+/// trees lacks. Until the burst has brought as many requests as the last, the excess must
+/// clear the bound by [`PAST_BOUND_NOISE`] of its counts' noise as well. Only a burst with
+/// no previous one to go by (its counts never settle) keeps the ceiling's.
 const PAST_BOUND_EXCESS: f64 = 0.1;
+
+/// How many of a replica's count-noise widths (see [`BurstPlan::count_noise`]) an excess past
+/// the balance bound must also clear before it gets a new home closing a cycle or going past
+/// P + R − 1: an estimate a little over the bound while counts are still coming in ends within
+/// it about as often as outside, and the placement cannot be taken back.
+const PAST_BOUND_NOISE: f64 = 0.75;
 
 /// How long a round of new homes lasts by time, in shares of the previous burst's length per
 /// replica (by requests, one share of its requests per replica): a client's spread varies from
@@ -722,7 +736,13 @@ impl BurstPlan {
         let complete = self.groups_look_complete(burst_groups, replicas.len() as u64);
         let at_once = self.brings_burst_at_once(window_requests);
         let waiting = complete.then(|| self.new_homes_wait(at_once)).flatten();
-        let new_homes = complete.then(|| NewHomes::at(waiting, settled, measured, mean_group));
+        let noise = if measured && !at_once {
+            self.count_noise(settled, replicas.len())
+        } else {
+            0.0
+        };
+        let new_homes =
+            complete.then(|| NewHomes::at(waiting, settled, measured, mean_group, noise));
         // With the previous burst's sizes to go by, or in a window that brings the burst at
         // once, a group found larger than a share is split when it is first placed, before the
         // smaller groups fill in around it: split later, the replicas it overflows would each
@@ -887,6 +907,20 @@ impl BurstPlan {
         let progress = by_requests.max(LATE_IN_BURST * by_time);
         (progress < LATE_IN_BURST)
             .then(|| URGENT_EXCESS - (URGENT_EXCESS - ALLOWANCE / 2.0) * progress / LATE_IN_BURST)
+    }
+
+    /// How far, as a share of its level, a replica's planned load may still be off when the
+    /// burst has brought `settled` of the previous one's requests, spread over `replicas`: the
+    /// relative spread of a count of a replica's share of members, a share `settled` of them
+    /// seen, taken for the whole (`√((1 − s) / (s · m))`, `m` the previous burst's requests
+    /// per replica). It is 0 once the burst has brought as many requests as the last.
+    fn count_noise(&self, settled: f64, replicas: usize) -> f64 {
+        let Some((requests, _)) = self.previous_burst else {
+            return 0.0;
+        };
+        let members = requests as f64 / replicas.max(1) as f64;
+        let seen = settled.max(f64::EPSILON);
+        ((1.0 - seen) / (seen * members)).sqrt()
     }
 
     /// Whether the window being placed, of `window_requests`, brings nearly all of the burst so

@@ -1139,11 +1139,12 @@ fn unequal_groups_like_the_previous_steps_are_sized_from_it() {
     // floor, 16.4 placements and 6 over. Close counts sharing the sizes they could have
     // (`rank_match`) leaves 3 over, as before, and 3 out of balance where none were; a
     // replica left out of the bound and out of reach once the step has brought as many
-    // requests as the last getting a new home, 1.
+    // requests as the last getting a new home, 1. A first window must bring 60% of the last
+    // step's requests to count as the step at once (not 40%): 1 over.
     let steps =
         second_step_over_live_cuts(FirstStep::Cut(&SHAPE_5), &SHAPE_5, 6, 40, STEP_SPREAD_MS);
     assert!(steps.placements <= 16.2, "{} placements", steps.placements);
-    steps.assert_over_bound_at_most(3);
+    steps.assert_over_bound_at_most(1);
     steps.assert_out_of_balance_at_most(1);
 }
 
@@ -1157,10 +1158,11 @@ fn a_step_after_one_sent_at_once_is_measured_by_its_requests() {
     // bound; 8 with only those waiting, not the homes past P + R − 1; 6 with a replica under
     // the level rescued from any shortfall below the floor). Close counts sharing the sizes
     // they could have leaves 3 over, as before, and 3 out of balance where none were (1 with
-    // the new home of a replica left out of the bound at the end).
+    // the new home of a replica left out of the bound at the end). Since a first window must
+    // bring 60% of the last step's requests to count as the step at once, 1 over.
     let steps =
         second_step_over_live_cuts(FirstStep::AtOnce(&SHAPE_5), &SHAPE_5, 6, 40, STEP_SPREAD_MS);
-    steps.assert_over_bound_at_most(3);
+    steps.assert_over_bound_at_most(1);
     steps.assert_out_of_balance_at_most(1);
 }
 
@@ -1176,10 +1178,12 @@ fn the_first_unequal_step_waits_for_its_counts_too() {
     // from any shortfall below the floor, 21; 12 before new homes came in rounds, 13 since.
     // Since a group larger than a share splits when first placed in a window that brings the
     // step at once, 12, and 4 out of balance (3 before; none since a replica left out of the
-    // bound at the end gets a new home).
+    // bound at the end gets a new home). Since a first window must bring 60% of the last
+    // step's requests, not 40%, to count as the step at once, 4: a first window of half the
+    // step, balanced at once, spent the placements the second half needed.
     let steps =
         second_step_over_live_cuts(FirstStep::Cut(&[128; 4]), &SHAPE_5, 6, 40, STEP_SPREAD_MS);
-    steps.assert_over_bound_at_most(12);
+    steps.assert_over_bound_at_most(4);
     steps.assert_out_of_balance_at_most(0);
 }
 
@@ -1936,7 +1940,10 @@ fn the_live_steps_replayed_with_other_prompt_lengths_stay_mostly_within_the_boun
     // balance bound's 10% from the step's start: shape 9 102 and 23, shape 5 unchanged (on 36
     // other draws of the lengths, shape 9 380 over before and 307 after, 62 out both times).
     // Since close counts share the sizes they could have (`rank_match`), not the sizes of
-    // their ranks alone: shape 9 61 and 5, shape 5 12 and 11.
+    // their ranks alone: shape 9 61 and 5, shape 5 12 and 11 (12 and 0 at 87fe733). Since such
+    // a home also waits for an excess past the bound by more than the counts' noise
+    // (`PAST_BOUND_NOISE`): shape 9 38 and 6 (with the whole noise, 33 and 13), shape 5 12
+    // and 0.
     //
     // Tried: new homes waiting until 85% of the last burst's requests (not 70%) once the
     // last two bursts were of one size. Here shape 9 went over in 74 and out in 21, but live
@@ -1985,7 +1992,7 @@ fn the_live_steps_replayed_with_other_prompt_lengths_stay_mostly_within_the_boun
         "shape 5: {over:?} over, {outside:?} out"
     );
     assert!(
-        over[1] <= 70 && outside[1] <= 8,
+        over[1] <= 42 && outside[1] <= 8,
         "shape 9: {over:?} over, {outside:?} out"
     );
 }
@@ -2044,24 +2051,41 @@ fn the_live_steps_replayed_with_their_prompt_lengths_stay_within_the_bounds() {
     assert!(outside <= 1, "{outside} of {steps} steps out of balance");
 }
 
-/// Shape 4's two steps and shape 5's two steps of one round of `bench/bursts` as they reached
-/// the router live, in the format of [`LIVE_STEPS`] with each step's prompt lengths (in blocks,
-/// by group) after `L` in its header.
+/// Shape 4's two steps and shape 5's two steps of three rounds of `bench/bursts` as they
+/// reached the router live, in the format of [`LIVE_STEPS`] with each step's prompt lengths (in
+/// blocks, by group) after `L` in its header.
 const LIVE_SHAPES_4_AND_5: &str = include_str!("live_shapes_4_and_5.txt");
 
-#[test]
-fn a_replica_left_out_of_the_balance_bound_at_the_end_of_a_measured_step_gets_a_new_home() {
-    // Shape 5's second step reached the router in three windows, the last with 391 of its
-    // 512 requests and every count final. One replica was planned its two groups whole, 40
-    // and 16, eight short of its share and shared with no other; the most planned replicas
-    // were 3 over, under the ceiling, and a replica short with none over the ceiling only
-    // pulled along shared groups: 56 to 67 requests per replica, live and replayed. Once a
-    // step has brought as many requests as the last, a replica out of the bound and out of
-    // reach gets a new home from the most planned one.
+/// Shape 5's two steps, shape 8's second and shape 9's two steps of two rounds of
+/// `bench/bursts` as they reached the router live, in the format of [`LIVE_SHAPES_4_AND_5`].
+const LIVE_SHAPE_9_ROUNDS: &str = include_str!("live_shape_9_rounds.txt");
+
+/// One step replayed by [`replayed_rounds`]: its header, requests per replica and
+/// (group, replica) placements.
+struct Replayed {
+    header: String,
+    load: Vec<usize>,
+    placements: usize,
+}
+
+impl Replayed {
+    /// Within both bounds: at most P + R − 1 placements, every replica within 10% of its share.
+    fn within_bounds(&self, groups: usize) -> bool {
+        let fair = self.load.iter().sum::<usize>() / self.load.len();
+        self.placements < groups + self.load.len()
+            && self.load.iter().all(|&n| n.abs_diff(fair) * 10 <= fair)
+    }
+}
+
+/// Replays recorded steps window by window at their recorded times and prompt lengths, one
+/// plan per round: a round starts at each step whose header contains `round_from`.
+fn replayed_rounds(text: &str, round_from: &str) -> Vec<Replayed> {
     let mut plan = BurstPlan::new(2000, 100);
-    let steps = steps_of(LIVE_SHAPES_4_AND_5);
-    let mut results = Vec::new();
-    for (k, (header, windows)) in steps.iter().enumerate() {
+    let mut replayed = Vec::new();
+    for (k, (header, windows)) in steps_of(text).into_iter().enumerate() {
+        if header.contains(round_from) {
+            plan = BurstPlan::new(2000, 100);
+        }
         let lengths: Vec<usize> = header
             .split(" L ")
             .nth(1)
@@ -2076,11 +2100,84 @@ fn a_replica_left_out_of_the_balance_bound_at_the_end_of_a_measured_step_gets_a_
             |g| lengths[g],
             |_| {},
         );
-        results.push((load, placed.len()));
+        replayed.push(Replayed {
+            header,
+            load,
+            placements: placed.len(),
+        });
     }
-    let (load, placements) = &results[3];
+    replayed
+}
+
+#[test]
+fn a_replica_left_out_of_the_balance_bound_at_the_end_of_a_measured_step_gets_a_new_home() {
+    // Shape 5's second step reached the router in three windows, the last with 391 of its
+    // 512 requests and every count final. One replica was planned its two groups whole, 40
+    // and 16, eight short of its share and shared with no other; the most planned replicas
+    // were 3 over, under the ceiling, and a replica short with none over the ceiling only
+    // pulled along shared groups: 56 to 67 requests per replica, live and replayed. Once a
+    // step has brought as many requests as the last, a replica out of the bound and out of
+    // reach gets a new home from the most planned one.
+    let replayed = replayed_rounds(LIVE_SHAPES_4_AND_5, "shape 4 step 0");
+    let step = replayed
+        .iter()
+        .find(|step| step.header.contains("180855-r2 shape 5 step 1"))
+        .expect("the recorded step");
     assert!(
-        load.iter().all(|&n| n.abs_diff(64) <= 6) && *placements <= 19,
-        "{results:?}"
+        step.within_bounds(12),
+        "{:?}, {} placements",
+        step.load,
+        step.placements
     );
+}
+
+#[test]
+fn a_first_unequal_step_whose_first_window_brings_half_of_it_is_not_taken_for_a_burst_at_once() {
+    // Shape 5's first step of two rounds, after 4 x 128: the client paused once while sending
+    // each, and the first window brought 250 and 206 of the step's 512 requests (49% and 40% of
+    // the step before). Taken for the step sent at once, its groups were split to the level on
+    // the counts of half of it, every placement of P + R − 1 spent on slivers of small groups;
+    // the second half, in other proportions, needed one more: 20 placements, live and
+    // replayed. A window must bring 60% of the last step's requests to count as a burst at
+    // once: 17 placements each.
+    let replayed = replayed_rounds(LIVE_SHAPES_4_AND_5, "shape 4 step 0");
+    for round in ["184322-r1", "184637-r2"] {
+        let step = replayed
+            .iter()
+            .find(|step| step.header.contains(&format!("{round} shape 5 step 0")))
+            .expect("the recorded step");
+        assert!(
+            step.within_bounds(12),
+            "{round}: {:?}, {} placements",
+            step.load,
+            step.placements
+        );
+    }
+}
+
+#[test]
+fn a_new_home_past_the_bound_waits_for_an_excess_beyond_the_noise_of_its_counts() {
+    // Two rounds of shapes 5, 8 and 9 as they reached the router live. One shape-9 step of each
+    // (512 requests over 250 ms, in 20 and 26 windows) made 20 placements, live and replayed:
+    // a new home past P + R − 1 opened at 80% of the step for an estimated excess of 13% of
+    // the level, where the replica would have ended 2% over, and early homes on counts of a
+    // fifth of the step used the placements a later one needed. Such a home now waits for an
+    // excess past the balance bound by 0.75 of the spread a replica's count still has: 19 and
+    // 19, every replica within 10% of its share.
+    let replayed = replayed_rounds(LIVE_SHAPE_9_ROUNDS, "shape 5 step 0");
+    assert_eq!(replayed.len(), 10);
+    for step in &replayed {
+        let groups = if step.header.contains("shape 8") {
+            32
+        } else {
+            12
+        };
+        assert!(
+            step.within_bounds(groups),
+            "{}: {:?}, {} placements",
+            step.header,
+            step.load,
+            step.placements
+        );
+    }
 }
