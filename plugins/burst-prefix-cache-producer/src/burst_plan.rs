@@ -736,13 +736,14 @@ impl BurstPlan {
         let complete = self.groups_look_complete(burst_groups, replicas.len() as u64);
         let at_once = self.brings_burst_at_once(window_requests);
         let waiting = complete.then(|| self.new_homes_wait(at_once)).flatten();
-        let noise = if measured && !at_once {
-            self.count_noise(settled, replicas.len())
-        } else {
-            0.0
-        };
-        let new_homes =
-            complete.then(|| NewHomes::at(waiting, settled, measured, mean_group, noise));
+        let new_homes = complete.then(|| {
+            let noise = if measured && !at_once {
+                self.count_noise(settled, replicas.len())
+            } else {
+                0.0
+            };
+            NewHomes::at(waiting, settled, measured, mean_group, noise)
+        });
         // With the previous burst's sizes to go by, or in a window that brings the burst at
         // once, a group found larger than a share is split when it is first placed, before the
         // smaller groups fill in around it: split later, the replicas it overflows would each

@@ -1997,6 +1997,15 @@ fn the_live_steps_replayed_with_other_prompt_lengths_stay_mostly_within_the_boun
     );
 }
 
+/// The prompt lengths (in blocks, by group) a recorded step's header lists after `marker`.
+fn lengths_in(header: &str, marker: &str) -> Vec<usize> {
+    let (_, lengths) = header.split_once(marker).expect("prompt lengths");
+    lengths
+        .split(' ')
+        .map(|l| l.parse().expect("a length"))
+        .collect()
+}
+
 /// A fresh plan that saw a step of shape 5 five seconds before `first_ms`, as the bench's full
 /// runs send it before shapes 8 and 9: its sizes are the last unequal ones there.
 fn plan_after_shape_5(first_ms: u64) -> BurstPlan {
@@ -2025,11 +2034,7 @@ fn the_live_steps_replayed_with_their_prompt_lengths_stay_within_the_bounds() {
     let mut plan = BurstPlan::new(2000, 100);
     let (mut steps, mut over, mut outside) = (0, 0, 0);
     for (header, windows) in steps_of(LIVE_STEPS_250_MS_WITH_LENGTHS) {
-        let (_, lengths) = header.split_once(" lengths ").expect("prompt lengths");
-        let blocks: Vec<usize> = lengths
-            .split(' ')
-            .map(|l| l.parse().expect("a length"))
-            .collect();
+        let blocks = lengths_in(&header, " lengths ");
         if header.contains("shape 8") {
             plan = plan_after_shape_5(windows[0].0);
         }
@@ -2086,13 +2091,7 @@ fn replayed_rounds(text: &str, round_from: &str) -> Vec<Replayed> {
         if header.contains(round_from) {
             plan = BurstPlan::new(2000, 100);
         }
-        let lengths: Vec<usize> = header
-            .split(" L ")
-            .nth(1)
-            .expect("prompt lengths")
-            .split(' ')
-            .map(|n| n.parse().expect("a number"))
-            .collect();
+        let lengths = lengths_in(&header, " L ");
         let (load, placed) = placed_timed_windows_of_lengths(
             &mut plan,
             k as u64 + 1,
