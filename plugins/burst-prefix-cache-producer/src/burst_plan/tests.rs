@@ -1342,6 +1342,30 @@ fn equal_groups_after_unequal_ones_are_taken_as_equal() {
     steps.assert_out_of_balance_at_most(0);
 }
 
+#[test]
+fn equal_groups_of_other_counts_after_unequal_ones_are_taken_as_equal() {
+    // Equal steps after a step of shape 5 (an evaluation batch between two training steps):
+    // 12 × 40 has as many groups as shape 5, so only the counts can tell that its sizes differ
+    // from the last step's; its replicas' shares are a group and a half each, so 16 placements
+    // at the least. Taking the last step's sizes whenever the counts did not fit "all alike"
+    // clearly better (rather than only when they fit those sizes clearly better) made 19.9
+    // placements a step of 12 × 40 here; over 40 orders per cut, it left 183 of 600 orders of
+    // 12 × 40 out of balance and took 90 of 4 × 128 over P + R − 1.
+    for (sizes, least) in [(&[40; 12][..], 16.0), (&[32; 16], 16.0), (&[128; 4], 8.0)] {
+        let steps =
+            second_step_over_live_cuts(FirstStep::Cut(&SHAPE_5), sizes, 6, 10, STEP_SPREAD_MS);
+        assert!(
+            steps.placements <= least + 0.25,
+            "{} × {}: {} placements",
+            sizes.len(),
+            sizes[0],
+            steps.placements
+        );
+        steps.assert_over_bound_at_most(1);
+        steps.assert_out_of_balance_at_most(1);
+    }
+}
+
 /// Prints, for shape 5 after a step of it cut the same way, placements and balance over 100
 /// orders when both steps come in even windows, spread over 50 or 250 ms (a slow client, or
 /// one whose requests the router reads at a steady pace): `cargo test -p
