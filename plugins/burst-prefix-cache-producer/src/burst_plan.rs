@@ -120,8 +120,9 @@ impl GroupKey {
 #[derive(Debug, Clone, Copy)]
 pub struct WindowGroup<'a> {
     pub key: GroupKey,
-    /// Where the group's members are in the window's arrival order, ascending; a group
-    /// without members is ignored.
+    /// Where the group's members are in the arrival order of the window's requests the plan
+    /// places (requests it does not place take no place in it), ascending; a group without
+    /// members is ignored.
     pub positions: &'a [usize],
     /// What one member weighs in the balance: 1, or its block count with `balanceBy = tokens`.
     pub weight: f64,

@@ -497,7 +497,12 @@ impl BurstProducer {
     ) -> Vec<Option<usize>> {
         let mut index: HashMap<GroupKey, usize> = HashMap::new();
         let mut keys: Vec<GroupKey> = Vec::new();
+        // Per group, its members' places in the batch, and their places in the plan's arrival
+        // order: among the requests it places, not among those it leaves out (no blocks, or
+        // cached elsewhere alone), which the plan never counts.
         let mut members: Vec<Vec<usize>> = Vec::new();
+        let mut arrivals: Vec<Vec<usize>> = Vec::new();
+        let mut arrived = 0;
         for (i, (entry, &count)) in entries.iter().zip(counts).enumerate() {
             let Some(key) = self.group_key(entry, count) else {
                 continue;
@@ -520,6 +525,7 @@ impl BurstProducer {
                     let g = relative.unwrap_or_else(|| {
                         keys.push(key);
                         members.push(Vec::new());
+                        arrivals.push(Vec::new());
                         keys.len() - 1
                     });
                     index.insert(key, g);
@@ -527,6 +533,8 @@ impl BurstProducer {
                 }
             };
             members[g].push(i);
+            arrivals[g].push(arrived);
+            arrived += 1;
         }
         let cached_on: Vec<Vec<usize>> = members
             .iter()
@@ -538,11 +546,12 @@ impl BurstProducer {
         let groups: Vec<WindowGroup<'_>> = keys
             .iter()
             .zip(&members)
+            .zip(&arrivals)
             .zip(&cached_on)
-            .map(|((&key, positions), cached_on)| WindowGroup {
+            .map(|(((&key, members), positions), cached_on)| WindowGroup {
                 key,
                 positions,
-                weight: self.weight_of(counts[positions[0]]),
+                weight: self.weight_of(counts[members[0]]),
                 cached_on,
             })
             .collect();

@@ -882,6 +882,32 @@ fn state_shows_the_groups_parts_and_the_loads_the_plan_saw() {
     assert_eq!(plan["groupsRemembered"], 1, "{plan}");
 }
 
+#[test]
+fn requests_the_plan_does_not_place_take_no_place_in_its_count_of_a_burst() {
+    // A burst's window that begins with five requests without tokens (no affinity,
+    // not placed by the plan), then two prompts of three samples each. The next burst, a
+    // second later (the groups still remembered), takes the last one's sizes and requests as
+    // its measure: six requests of two groups of three, however many unplaced requests came
+    // before them in their window.
+    let producer = instance(r#"{"blockSizeTokens": 4, "assignment": "fairShare"}"#);
+    let mut window = samples_at(0, 5, &[], &[0; 4]);
+    for tokens in [[1; 8], [2; 8]] {
+        window.extend(samples_at(0, 3, &tokens, &[0; 4]));
+    }
+    let values = produce(&producer, &window);
+    assert_eq!(assigned(&window, &values)[..5], ["-"; 5]);
+    let next = samples_at(1_000, 2, &[9; 8], &[0; 4]);
+    produce(&producer, &next);
+    let state = producer.state().expect("state").expect("a plan");
+    let plan = &state["plan"];
+    assert_eq!(
+        plan["previousBurstSizes"],
+        serde_json::json!([3, 3]),
+        "{plan}"
+    );
+    assert_eq!(plan["previousBurst"]["requests"], 6, "{plan}");
+}
+
 /// Other producers' values for one request: `approx`'s published content hashes of `tokens`
 /// in `block`-token blocks.
 fn published_hashes(tokens: &[u32], block: usize) -> Attributes {
