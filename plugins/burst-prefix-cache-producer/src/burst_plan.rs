@@ -538,8 +538,59 @@ impl BurstPlan {
                 })
             }),
             "groups": groups,
+            "burst": self.describe_burst(),
             "latestWindow": self.latest.describe(),
             "burstStart": self.burst_start.describe(),
+        })
+    }
+
+    /// The latest burst measured against its bounds, over the groups still remembered that had
+    /// two or more members and one of them in the burst (a group's first member may have
+    /// come alone, before the burst began; a request alone is no burst): its groups P,
+    /// requests, (group, replica) placements against P + R − 1 (R the replicas of the latest
+    /// window), and its requests per replica against the fair share's balance bound (10%, or
+    /// two requests). `null` before any such group.
+    fn describe_burst(&self) -> serde_json::Value {
+        let replicas = &self.latest.replicas;
+        let mut per_replica = vec![0usize; replicas.len()];
+        let (mut groups, mut requests, mut placements, mut elsewhere) = (0, 0, 0, 0);
+        for trail in self
+            .trails
+            .values()
+            .filter(|t| t.seen > 1 && t.last_arrival >= self.burst_from)
+        {
+            groups += 1;
+            for share in trail.shares.iter().filter(|s| s.sent > 0) {
+                placements += 1;
+                requests += share.sent;
+                match replicas.iter().position(|r| **r == *share.replica) {
+                    Some(r) => per_replica[r] += share.sent,
+                    None => elsewhere += share.sent,
+                }
+            }
+        }
+        if groups == 0 || replicas.is_empty() {
+            return serde_json::Value::Null;
+        }
+        let fair = requests as f64 / replicas.len() as f64;
+        let bound = (ALLOWANCE * fair).max(2.0);
+        let fewest = per_replica.iter().copied().min().unwrap_or(0);
+        let most = per_replica.iter().copied().max().unwrap_or(0);
+        let balanced = elsewhere == 0
+            && per_replica
+                .iter()
+                .all(|&n| (n as f64 - fair).abs() <= bound + 1e-9);
+        let placement_bound = groups + replicas.len() - 1;
+        serde_json::json!({
+            "groups": groups,
+            "requests": requests,
+            "placements": placements,
+            "placementBound": placement_bound,
+            "fairShare": rounded(fair),
+            "fewestPerReplica": fewest,
+            "mostPerReplica": most,
+            "sentElsewhere": elsewhere,
+            "withinBounds": balanced && placements <= placement_bound,
         })
     }
 

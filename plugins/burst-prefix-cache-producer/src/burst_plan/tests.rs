@@ -1343,6 +1343,42 @@ fn equal_groups_after_unequal_ones_are_taken_as_equal() {
 }
 
 #[test]
+fn the_state_measures_the_latest_burst_against_its_bounds() {
+    // A step of half of shape 5 at the pace of the shape-5 step before it: it often ends out of
+    // balance (see `live_cuts_table`), so the state must say so as often as it happens. It
+    // counts the step's own groups only, not those of the step before, still remembered.
+    let half: Vec<usize> = SHAPE_5.iter().map(|s| s / 2).collect();
+    let cuts = LIVE_CUTS[0];
+    let scaled: Vec<usize> = cuts.iter().map(|c| (c * 256).div_ceil(512)).collect();
+    let mut verdicts = [0; 2];
+    for seed in 1..=20 {
+        let mut plan = BurstPlan::new(2000, 100);
+        let _ = burst_cut_as(&mut plan, &SHAPE_5, seed + 1000, cuts);
+        let (load, pairs) =
+            burst_cut_as_from(&mut plan, &half, seed, &scaled, 1000, STEP_SPREAD_MS / 2);
+        let burst = &plan.describe()["burst"];
+        let fair = 256.0 / 8.0;
+        let balanced = load.iter().all(|&n| (n as f64 - fair).abs() <= 3.2);
+        let within = balanced && pairs <= 19;
+        assert_eq!(burst["groups"], 12, "{burst}");
+        assert_eq!(burst["requests"], 256, "{burst}");
+        assert_eq!(burst["placements"], pairs, "{burst}");
+        assert_eq!(burst["placementBound"], 19, "{burst}");
+        assert_eq!(
+            burst["fewestPerReplica"],
+            load.iter().min().copied().unwrap_or(0)
+        );
+        assert_eq!(
+            burst["mostPerReplica"],
+            load.iter().max().copied().unwrap_or(0)
+        );
+        assert_eq!(burst["withinBounds"], within, "{burst} {load:?}");
+        verdicts[usize::from(within)] += 1;
+    }
+    assert!(verdicts[0] > 0 && verdicts[1] > 0, "{verdicts:?}");
+}
+
+#[test]
 fn equal_groups_of_other_counts_after_unequal_ones_are_taken_as_equal() {
     // Equal steps after a step of shape 5 (an evaluation batch between two training steps):
     // 12 × 40 has as many groups as shape 5, so only the counts can tell that its sizes differ
