@@ -443,12 +443,13 @@ async def fetch_decisions(session, admin, ids):
             "plan": await fetch_burst_plan(session, admin)}
 
 
-PLAN_FIELDS = ("burstStart", "latestWindow", "previousBurst", "previousBurstSizes",
+PLAN_FIELDS = ("burst", "burstStart", "latestWindow", "previousBurst", "previousBurstSizes",
                "unequalBurstSizes", "groupsRemembered", "groups")
 
 
 async def fetch_burst_plan(session, admin):
-    """The burst producer's plan after the step (its state's `plan`): the step's first window
+    """The burst producer's plan after the step (its state's `plan`): the step measured
+    against its bounds as the plan counted it (`burst`), the step's first window
     (`burstStart`: what each replica carried then and what the plan put on it) and its last
     (`latestWindow`), the burst before the step (`previousBurst`, which the step's progress
     was measured against) and the sizes it went by, and the groups it remembers with their
@@ -645,9 +646,38 @@ def report(args):
             print("| %d %s | %s | %d | %s | %s | %s | %s |" % (
                 g["shape"], g["name"], g["within"], g["errors"], g["ours"], g["theirs"],
                 g["rounds_behind"], "yes" if g["met"] else "**no**"))
+    agreement = plan_agreement(runs)
+    if agreement:
+        print()
+        print("The plan's own count of each burst step (`burst` in the burst producer's state) "
+              "against the client's: placements equal in %d of %d steps, the same verdict on "
+              "both bounds in %d." % agreement)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"summary": rows, "goals": goals, "runs": runs}, f)
+
+
+def plan_agreement(runs):
+    """How many of switchyard's burst steps the plan counted as the client did: (placements
+    equal, steps, verdict on the bounds equal); None when no step has the plan's count."""
+    steps = placements = verdicts = 0
+    for run in runs:
+        if run["target"] != "switchyard":
+            continue
+        nrep = len(run["replicas"])
+        for sres in run["shapes"]:
+            if sres["kind"] != "burst":
+                continue
+            for st in sres["steps"]:
+                plan = (st.get("router") or {}).get("plan")
+                burst = plan.get("burst") if isinstance(plan, dict) else None
+                if not burst:
+                    continue
+                ok = [r for r in st["requests"] if r.get("status") == 200]
+                steps += 1
+                placements += burst["placements"] == len({(r["group"], r["replica"]) for r in ok})
+                verdicts += burst["withinBounds"] == step_within_bounds(st, nrep)
+    return (placements, steps, verdicts) if steps else None
 
 
 def step_within_bounds(step, nrep):
