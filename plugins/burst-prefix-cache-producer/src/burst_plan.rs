@@ -1068,7 +1068,9 @@ impl BurstPlan {
     /// the groups it left have stopped, though a batch window has not yet passed since their
     /// last member, and are no part of the new burst. In a burst of a step's groups, a pause
     /// shorter than the burst so far is a client's stall within it (prompts sent one after
-    /// the other, whose earlier groups are complete, resume with new ones too).
+    /// the other, whose earlier groups are complete, resume with new ones too), and so is any
+    /// pause once the burst has brought less than half of the previous one's requests in less
+    /// than half its length: a client whose first prompts left in a clump.
     fn resumes_anew(&self, now_ms: u64, groups: &[WindowGroup<'_>], replicas: usize) -> bool {
         let (mut burst_groups, mut least_seen, mut last_grown_ms) = (0, usize::MAX, None);
         for trail in self.active().filter(|t| t.seen > 1) {
@@ -1084,6 +1086,14 @@ impl BurstPlan {
         }
         let lasted_ms = self.latest.at_ms.saturating_sub(self.burst_from_ms);
         if paused_ms < lasted_ms && burst_groups >= STEP_GROUPS {
+            return false;
+        }
+        // A burst that has brought less than half of the last one's requests, in less than half
+        // its time, is a step whose client paused early (its first prompts came in a clump),
+        // not a step's slow tail.
+        if self.previous_burst.is_some_and(|(requests, length_ms)| {
+            self.burst_requests() * 2 < requests && lasted_ms * 2 < length_ms
+        }) {
             return false;
         }
         let mut new_groups = 0;

@@ -2125,6 +2125,11 @@ const LIVE_SHAPES_4_AND_5: &str = include_str!("live_shapes_4_and_5.txt");
 /// `bench/bursts` as they reached the router live, in the format of [`LIVE_SHAPES_4_AND_5`].
 const LIVE_SHAPE_9_ROUNDS: &str = include_str!("live_shape_9_rounds.txt");
 
+/// Shape 5's two steps, shape 8's second and shape 9's first of one round of `bench/bursts` as
+/// they reached the router live, in the format of [`LIVE_SHAPES_4_AND_5`]: shape 8's step
+/// brought its first four prompts, 64 requests, within 3 ms, then paused 30 ms.
+const LIVE_STEP_BEGUN_IN_A_CLUMP: &str = include_str!("live_step_begun_in_a_clump.txt");
+
 /// One step replayed by [`replayed_rounds`]: its header, requests per replica and
 /// (group, replica) placements.
 struct Replayed {
@@ -2211,6 +2216,34 @@ fn a_first_unequal_step_whose_first_window_brings_half_of_it_is_not_taken_for_a_
             step.load,
             step.placements
         );
+    }
+}
+
+#[test]
+fn a_step_whose_first_prompts_came_in_a_clump_is_one_burst() {
+    // Shape 8's step above: after its clump and the pause, four new prompts came with none of
+    // the first four, which looked like the next step resuming the stream. The plan took its
+    // last 448 requests for a burst of their own, and measured shape 9's step after it by
+    // them: at 448 requests it took that step for complete.
+    let mut plan = BurstPlan::new(2000, 100);
+    for (k, (header, windows)) in steps_of(LIVE_STEP_BEGUN_IN_A_CLUMP).into_iter().enumerate() {
+        let lengths = lengths_in(&header, " L ");
+        let (load, _) = placed_timed_windows_of_lengths(
+            &mut plan,
+            k as u64 + 1,
+            windows.iter().map(|(at, groups)| (*at, groups.as_slice())),
+            |g| lengths[g],
+            |_| {},
+        );
+        let state = plan.describe();
+        if header.contains("shape 8") {
+            assert_eq!(load, [64; 8], "{header}");
+            assert_eq!(state["burst"]["requests"], 512, "{}", state["burst"]);
+            assert_eq!(state["burst"]["placements"], 32, "{}", state["burst"]);
+        }
+        if header.contains("shape 9") {
+            assert_eq!(state["previousBurst"]["requests"], 512, "{header}");
+        }
     }
 }
 
