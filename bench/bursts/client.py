@@ -554,8 +554,7 @@ def summarize(run_doc, sres):
     known = all(r.get("replica") for r in ok)
     placements = bound = None
     if known and ok:
-        placements = sum(len({(r["group"], r["replica"]) for r in s["requests"]
-                              if r.get("status") == 200}) for s in steps)
+        placements = sum(step_placements(s) for s in steps)
         bound = sum(s["groups"] + nrep - 1 for s in steps)
     # Arrival spread of the step's first wave (all requests of a burst; turn 0 of multi-turn).
     client_spread, router_spread, windows = [], [], []
@@ -657,6 +656,11 @@ def report(args):
             json.dump({"summary": rows, "goals": goals, "runs": runs}, f)
 
 
+def step_placements(step):
+    """The distinct (group, replica) pairs of a step's answered requests."""
+    return len({(r["group"], r["replica"]) for r in step["requests"] if r.get("status") == 200})
+
+
 def plan_agreement(runs):
     """How many of switchyard's burst steps the plan counted as the client did: (placements
     equal, steps, verdict on the bounds equal); None when no step has the plan's count."""
@@ -673,9 +677,8 @@ def plan_agreement(runs):
                 burst = plan.get("burst") if isinstance(plan, dict) else None
                 if not burst:
                     continue
-                ok = [r for r in st["requests"] if r.get("status") == 200]
                 steps += 1
-                placements += burst["placements"] == len({(r["group"], r["replica"]) for r in ok})
+                placements += burst["placements"] == step_placements(st)
                 verdicts += burst["withinBounds"] == step_within_bounds(st, nrep)
     return (placements, steps, verdicts) if steps else None
 
@@ -686,7 +689,7 @@ def step_within_bounds(step, nrep):
     ok = [r for r in step["requests"] if r.get("status") == 200]
     if not ok or not all(r.get("replica") for r in ok):
         return False
-    placements = len({(r["group"], r["replica"]) for r in ok})
+    placements = step_placements(step)
     share = len(step["requests"]) / nrep
     off = max(0.1 * share, 2)
     even = all(abs(d["requests"] - share) <= off for d in step["replicas"])

@@ -377,6 +377,12 @@ impl NewHomes {
     }
 }
 
+/// How far a replica's load may end from a `share` and stay within the balance bound: 10% of
+/// it, or two members of `per_member` each.
+fn balance_bound(share: f64, per_member: f64) -> f64 {
+    (ALLOWANCE * share).max(2.0 * per_member)
+}
+
 /// `x` to two decimals, for reading.
 fn rounded(x: f64) -> f64 {
     (x * 100.0).round() / 100.0
@@ -573,7 +579,7 @@ impl BurstPlan {
             return serde_json::Value::Null;
         }
         let fair = requests as f64 / replicas.len() as f64;
-        let bound = (ALLOWANCE * fair).max(2.0);
+        let bound = balance_bound(fair, 1.0);
         let fewest = per_replica.iter().copied().min().unwrap_or(0);
         let most = per_replica.iter().copied().max().unwrap_or(0);
         let balanced = elsewhere == 0
@@ -1251,8 +1257,10 @@ impl BurstPlan {
         let mut passed = vec![false; n];
         // Whether this window opened a round of new homes (see [`BurstPlan::open_home_round`]).
         let mut round_open = false;
-        // Whether the burst has brought as many requests as the previous one.
+        // Whether the burst has brought as many requests as the previous one, and the load
+        // below which a replica ends out of the balance bound.
         let brought_all = self.share_of_previous() >= 1.0;
+        let out_of_bound = fleet.level - balance_bound(fleet.level, fleet.per_member);
         // Each move brings a replica down to the level, another up to it, or a group's part
         // (or what it can carry) on a replica to zero, so the moves are bounded by replicas
         // plus groups; the cap guards.
@@ -1291,7 +1299,6 @@ impl BurstPlan {
             // or two members) will end there: with no replica over the ceiling to give it a
             // new home, the most planned one does, and the replicas it then leaves short pull
             // along the groups they share with it.
-            let out_of_bound = fleet.level - (ALLOWANCE * fleet.level).max(2.0 * fleet.per_member);
             let rescue = pulled
                 && brought_all
                 && (0..n).any(|r| !reached(r) && fleet.planned[r] < out_of_bound);

@@ -497,12 +497,11 @@ impl BurstProducer {
     ) -> Vec<Option<usize>> {
         let mut index: HashMap<GroupKey, usize> = HashMap::new();
         let mut keys: Vec<GroupKey> = Vec::new();
-        // Per group, its members' places in the batch, and their places in the plan's arrival
-        // order: among the requests it places, not among those it leaves out (no blocks, or
-        // cached elsewhere alone), which the plan never counts.
+        // The requests the plan places, in arrival order, by their place in the batch; each
+        // group's members by their place among those: the requests left out (no blocks, or
+        // cached elsewhere alone) take no place in the plan's count of arrivals.
+        let mut placed: Vec<usize> = Vec::new();
         let mut members: Vec<Vec<usize>> = Vec::new();
-        let mut arrivals: Vec<Vec<usize>> = Vec::new();
-        let mut arrived = 0;
         for (i, (entry, &count)) in entries.iter().zip(counts).enumerate() {
             let Some(key) = self.group_key(entry, count) else {
                 continue;
@@ -520,46 +519,43 @@ impl BurstProducer {
                         members
                             .iter()
                             .take(MAX_RELATIVE_CHECKS)
-                            .position(|earlier| mostly_shared(entries[earlier[0]], entry))
+                            .position(|earlier| mostly_shared(entries[placed[earlier[0]]], entry))
                     };
                     let g = relative.unwrap_or_else(|| {
                         keys.push(key);
                         members.push(Vec::new());
-                        arrivals.push(Vec::new());
                         keys.len() - 1
                     });
                     index.insert(key, g);
                     g
                 }
             };
-            members[g].push(i);
-            arrivals[g].push(arrived);
-            arrived += 1;
+            members[g].push(placed.len());
+            placed.push(i);
         }
         let cached_on: Vec<Vec<usize>> = members
             .iter()
             .map(|positions| match self.config.cached_match_producer() {
-                Some(_) => whole_prompt_homes(&items[positions[0]], spread_over),
+                Some(_) => whole_prompt_homes(&items[placed[positions[0]]], spread_over),
                 None => Vec::new(),
             })
             .collect();
         let groups: Vec<WindowGroup<'_>> = keys
             .iter()
             .zip(&members)
-            .zip(&arrivals)
             .zip(&cached_on)
-            .map(|(((&key, members), positions), cached_on)| WindowGroup {
+            .map(|((&key, positions), cached_on)| WindowGroup {
                 key,
                 positions,
-                weight: self.weight_of(counts[members[0]]),
+                weight: self.weight_of(counts[placed[positions[0]]]),
                 cached_on,
             })
             .collect();
         let now_ms = items.first().map_or(0, |item| item.request.now_ms);
         let mut assigned = vec![None; entries.len()];
-        for (placed, members) in plan.place(now_ms, &groups, replicas).iter().zip(&members) {
-            for (&replica, &i) in placed.iter().zip(members) {
-                assigned[i] = Some(replica);
+        for (replicas_of, positions) in plan.place(now_ms, &groups, replicas).iter().zip(&members) {
+            for (&replica, &position) in replicas_of.iter().zip(positions) {
+                assigned[placed[position]] = Some(replica);
             }
         }
         assigned

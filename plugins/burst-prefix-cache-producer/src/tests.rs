@@ -799,6 +799,12 @@ fn new_prompts_sharing_most_blocks_in_one_window_land_together() {
     );
 }
 
+/// The burst plan in `producer`'s state.
+fn plan_state(producer: &Harness) -> serde_json::Value {
+    let state = producer.state().expect("state").expect("a plan");
+    state["plan"].clone()
+}
+
 #[test]
 fn state_shows_the_groups_parts_and_the_loads_the_plan_saw() {
     let producer = instance(r#"{"blockSizeTokens": 4, "assignment": "fairShare"}"#);
@@ -818,8 +824,7 @@ fn state_shows_the_groups_parts_and_the_loads_the_plan_saw() {
     let followed = assigned(&later, &produce(&producer, &later));
     assert_eq!(followed[0], placed[0]);
 
-    let state = producer.state().expect("state").expect("a plan");
-    let plan = &state["plan"];
+    let plan = &plan_state(&producer);
     assert_eq!(plan["groupsRemembered"], 2, "{plan}");
     let groups = plan["groups"].as_array().expect("groups");
     assert_eq!(groups[0]["seen"], 4, "the most seen first: {plan}");
@@ -866,8 +871,7 @@ fn state_shows_the_groups_parts_and_the_loads_the_plan_saw() {
     // A burst long after, its groups forgotten by then: the last one's sizes are kept.
     let next = samples_at(10_000, 2, &[9; 8], &[0; 4]);
     produce(&producer, &next);
-    let state = producer.state().expect("state").expect("a plan");
-    let plan = &state["plan"];
+    let plan = &plan_state(&producer);
     assert_eq!(
         plan["previousBurstSizes"],
         serde_json::json!([4, 3]),
@@ -898,8 +902,7 @@ fn requests_the_plan_does_not_place_take_no_place_in_its_count_of_a_burst() {
     assert_eq!(assigned(&window, &values)[..5], ["-"; 5]);
     let next = samples_at(1_000, 2, &[9; 8], &[0; 4]);
     produce(&producer, &next);
-    let state = producer.state().expect("state").expect("a plan");
-    let plan = &state["plan"];
+    let plan = &plan_state(&producer);
     assert_eq!(
         plan["previousBurstSizes"],
         serde_json::json!([3, 3]),
@@ -935,8 +938,7 @@ fn the_cache_estimators_published_content_hashes_are_chained_instead_of_the_prom
             .collect();
         let attrs: Vec<Attributes> = (0..4).map(attrs).collect();
         produce_seeing(&producer, &batch, &attrs);
-        let state = producer.state().expect("state").expect("a plan");
-        state["plan"]["groupsRemembered"].clone()
+        plan_state(&producer)["groupsRemembered"].clone()
     };
     assert_eq!(groups_seen(&|_| Attributes::new()), 4);
     // Published hashes are what is grouped: here every request's are those of one prompt (a

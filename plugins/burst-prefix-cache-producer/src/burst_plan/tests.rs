@@ -2130,12 +2130,13 @@ const LIVE_SHAPE_9_ROUNDS: &str = include_str!("live_shape_9_rounds.txt");
 /// brought its first four prompts, 64 requests, within 3 ms, then paused 30 ms.
 const LIVE_STEP_BEGUN_IN_A_CLUMP: &str = include_str!("live_step_begun_in_a_clump.txt");
 
-/// One step replayed by [`replayed_rounds`]: its header, requests per replica and
-/// (group, replica) placements.
+/// One step replayed by [`replayed_rounds`]: its header, requests per replica,
+/// (group, replica) placements, and the plan's state once the step was placed.
 struct Replayed {
     header: String,
     load: Vec<usize>,
     placements: usize,
+    state: serde_json::Value,
 }
 
 impl Replayed {
@@ -2168,6 +2169,7 @@ fn replayed_rounds(text: &str, round_from: &str) -> Vec<Replayed> {
             header,
             load,
             placements: placed.len(),
+            state: plan.describe(),
         });
     }
     replayed
@@ -2225,26 +2227,24 @@ fn a_step_whose_first_prompts_came_in_a_clump_is_one_burst() {
     // the first four, which looked like the next step resuming the stream. The plan took its
     // last 448 requests for a burst of their own, and measured shape 9's step after it by
     // them: at 448 requests it took that step for complete.
-    let mut plan = BurstPlan::new(2000, 100);
-    for (k, (header, windows)) in steps_of(LIVE_STEP_BEGUN_IN_A_CLUMP).into_iter().enumerate() {
-        let lengths = lengths_in(&header, " L ");
-        let (load, _) = placed_timed_windows_of_lengths(
-            &mut plan,
-            k as u64 + 1,
-            windows.iter().map(|(at, groups)| (*at, groups.as_slice())),
-            |g| lengths[g],
-            |_| {},
-        );
-        let state = plan.describe();
-        if header.contains("shape 8") {
-            assert_eq!(load, [64; 8], "{header}");
-            assert_eq!(state["burst"]["requests"], 512, "{}", state["burst"]);
-            assert_eq!(state["burst"]["placements"], 32, "{}", state["burst"]);
-        }
-        if header.contains("shape 9") {
-            assert_eq!(state["previousBurst"]["requests"], 512, "{header}");
-        }
-    }
+    let replayed = replayed_rounds(LIVE_STEP_BEGUN_IN_A_CLUMP, "shape 5 step 0");
+    let step = |shape: &str| {
+        replayed
+            .iter()
+            .find(|step| step.header.contains(shape))
+            .expect("the recorded step")
+    };
+    let clumped = step("shape 8");
+    let burst = &clumped.state["burst"];
+    assert_eq!(clumped.load, [64; 8], "{}", clumped.header);
+    assert_eq!(burst["requests"], 512, "{burst}");
+    assert_eq!(burst["placements"], 32, "{burst}");
+    let next = step("shape 9");
+    assert_eq!(
+        next.state["previousBurst"]["requests"], 512,
+        "{}",
+        next.header
+    );
 }
 
 #[test]
